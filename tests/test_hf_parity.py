@@ -1,0 +1,57 @@
+"""Our model against Hugging Face transformers loading the same GGUF file (the correctness peer)."""
+import pytest
+import torch
+
+from reference.bench import load_hf_peer
+from reference.decoding import generate
+from reference.model import load_model
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):",
+           "Write a short poem about memory bandwidth."]
+LOGIT_TOLERANCE = 1e-3  # max |ours - HF| over all logits; both dequantize Q4_1 to float32
+
+
+@pytest.fixture(scope="module")
+def models():
+    model, tok = load_model("smollm2-135m")
+    return model, tok, load_hf_peer()
+
+
+@pytest.mark.slow
+def test_tokenizer_matches_hf(models):
+    from transformers import AutoTokenizer
+
+    from reference.model import gguf_path
+
+    _, tok, _ = models
+    path = gguf_path()
+    hf_tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    texts = PROMPTS + ["In 1984, 12345 people said:\n\thello   world!!",
+                       "<|im_start|>user\nnaïve café – 東京<|im_end|>\n"]
+    for text in texts:
+        ids = tok.encode(text)
+        assert ids == hf_tok(text, add_special_tokens=False).input_ids, text
+        assert tok.decode(ids) == text
+
+
+@pytest.mark.slow
+def test_logits_agree_with_hf(models):
+    model, tok, hf = models
+    ids = torch.tensor([tok.encode(PROMPTS[0] + " Paris, and the capital of Italy is")])
+    with torch.inference_mode():
+        expected = hf(ids).logits
+    got = model(ids)
+    err = (got - expected).abs().max().item()
+    assert err < LOGIT_TOLERANCE, f"max |logit difference| {err:.2e} >= {LOGIT_TOLERANCE}"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_tokens_identical_to_hf(models, prompt):
+    model, tok, hf = models
+    ids = tok.chat_ids(prompt)
+    inputs = torch.tensor([ids])
+    with torch.inference_mode():
+        hf_out = hf.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=32,
+                             min_new_tokens=32, do_sample=False, pad_token_id=tok.eos_id)
+    assert generate(model, ids, 32) == hf_out[0, len(ids):].tolist()
