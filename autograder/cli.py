@@ -1,0 +1,95 @@
+"""Command line: ``python -m autograder grade PATH [options]`` (see ``--help``)."""
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import multiprocessing
+import re
+import secrets
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # imported lazily: torch and pytest are slow to import
+    from autograder.grading import SubmissionResult
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m autograder", description=__doc__)
+    sub = p.add_subparsers(dest="command", required=True)
+    g = sub.add_parser("grade", help="grade a notebook or a folder of notebooks")
+    g.add_argument("path", type=Path, help="a .ipynb file or a folder (searched recursively)")
+    g.add_argument("--json", type=Path, help="results.json (one notebook) or a directory "
+                   "receiving one <submission>.json per notebook (folder)")
+    g.add_argument("--csv", type=Path, help="CSV of points: one row per submission")
+    g.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel")
+    g.add_argument("--timeout", type=float, default=10, help="seconds per learner call")
+    g.add_argument("--memory-mb", type=int, default=4096, help="address-space limit of the "
+                   "learner's process")
+    g.add_argument("--seed", type=int, help="seed of the random test inputs (default: random)")
+    g.add_argument("--tests", type=Path, help="grader file to use instead of the chapter's")
+    g.add_argument("--no-isolation", action="store_true", help="run the learner's process "
+                   "without namespaces even as root (debugging only)")
+    g.add_argument("--quiet", action="store_true", help="print only the total per submission")
+    return p
+
+
+def submissions(path: Path) -> list[Path]:
+    """The notebooks to grade: ``path`` itself or every .ipynb below it (no checkpoints)."""
+    if path.is_file():
+        return [path]
+    return sorted(p for p in path.rglob("*.ipynb") if ".ipynb_checkpoints" not in p.parts)
+
+
+def _grade_one(args: tuple) -> "SubmissionResult":
+    from autograder.grading import SubmissionResult, grade
+    path, options = args
+    try:
+        return grade(path, **options)
+    except Exception as exc:  # noqa: BLE001 - one broken submission must not stop a batch
+        return SubmissionResult(str(path), None, options["seed"],
+                                error=f"grader failure: {type(exc).__name__}: {exc}")
+
+
+def json_name(path: Path, root: Path) -> str:
+    """File name of a submission's results in the output directory."""
+    return re.sub(r"[^\w.-]+", "__", str(path.relative_to(root).with_suffix(""))) + ".json"
+
+
+def run_batch(paths: list[Path], options: dict, jobs: int) -> list["SubmissionResult"]:
+    """Grade ``paths`` over ``jobs`` processes with a progress bar; results in input order."""
+    from tqdm import tqdm
+    work = [(p, options) for p in paths]
+    if jobs <= 1 or len(paths) == 1:
+        return [_grade_one(w) for w in tqdm(work, desc="grading", disable=len(paths) == 1)]
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+        return list(tqdm(pool.map(_grade_one, work), total=len(work), desc="grading"))
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point; returns the exit status (0 when grading ran, even with low scores)."""
+    args = parser().parse_args(argv)
+    from autograder import report
+    paths = submissions(args.path)
+    if not paths:
+        print(f"no notebooks found at {args.path}", file=sys.stderr)
+        return 2
+    seed = secrets.randbelow(2**31) if args.seed is None else args.seed
+    batch = args.path.is_dir()
+    outputs = [args.json if batch else args.json and args.json.parent, args.csv and args.csv.parent]
+    hide = [args.path if batch else args.path.parent, *(d for d in outputs if d)]
+    options = dict(seed=seed, tests=args.tests, timeout=args.timeout, memory_mb=args.memory_mb,
+                   hide=[d.resolve() for d in hide], isolate=not args.no_isolation)
+    print(f"seed {seed} (replay with --seed {seed})")
+    results = run_batch(paths, options, args.jobs)
+    for path, result in zip(paths, results):
+        print(f"{result.submission}: {result.score:g}/{result.max_score:g}" if args.quiet
+              else report.text_report(result) + "\n")
+        if args.json and batch:
+            report.write_json(result, args.json / json_name(path, args.path))
+        elif args.json:
+            report.write_json(result, args.json)
+    if args.csv:
+        report.write_csv(results, args.csv)
+    return 0

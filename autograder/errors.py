@@ -1,0 +1,49 @@
+"""Turning a learner exception into the one-line cause shown in a failed test."""
+from __future__ import annotations
+
+import traceback
+
+NOT_IMPLEMENTED = "not implemented yet (the stub still raises NotImplementedError)"
+
+
+class LearnerError(AssertionError):
+    """The learner's code failed (exception, time-out, crash, memory). ``str()`` is the cause.
+
+    Subclasses ``AssertionError`` so that a grader test fails (not errors) with this message.
+    """
+
+
+def _learner_frame(exc: BaseException) -> str:
+    """``line N of cell `x`: code`` for the deepest frame in learner code, or ``""``."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    for frame in reversed(frames):
+        name = frame.filename
+        if name.startswith("<cell ") or "ipykernel_" in name or name.startswith("<ipython"):
+            where = name[len("<cell "):-1] if name.startswith("<cell ") else "your notebook"
+            code = f": {frame.line.strip()}" if frame.line else ""
+            return f" (line {frame.lineno} of {where}{code})"
+    return ""
+
+
+def is_out_of_memory(exc: BaseException) -> bool:
+    """True for MemoryError and torch's "can't allocate memory" RuntimeError."""
+    text = str(exc)
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError) and ("can't allocate" in text or "not enough memory" in text))
+
+
+def describe(exc: BaseException, memory_mb: int | None = None) -> str:
+    """One-line cause for a learner exception (message truncated to 500 characters)."""
+    if isinstance(exc, NotImplementedError):
+        return NOT_IMPLEMENTED
+    if is_out_of_memory(exc):
+        limit = f"memory limit ({memory_mb} MB) exceeded" if memory_mb else "out of memory"
+        return f"{limit}{_learner_frame(exc)}"
+    try:
+        message = str(exc)
+    except Exception:  # a hostile __str__
+        message = "<unprintable message>"
+    message = " ".join(message.split())
+    if len(message) > 500:
+        message = message[:500] + "…"
+    return f"your code raised {type(exc).__name__}: {message}{_learner_frame(exc)}"

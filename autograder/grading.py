@@ -1,0 +1,138 @@
+"""Grading one submission: read the notebook, find the chapter's grader file, run it with
+pytest in this (trusted) process against a ``SandboxLearner``, return a ``SubmissionResult``."""
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Mapping
+
+import pytest
+
+from autograder.errors import LearnerError
+from autograder.local import TESTS_DIR, load_graders
+from autograder.notebook import NotebookError, chapter_of, read_notebook, solution_cells
+from autograder.plugin import REGISTRY, Collector, TestOutcome
+from autograder.sandbox import SandboxLearner
+
+PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+@dataclass
+class SubmissionResult:
+    """Outcome of grading ``submission``: ``outcomes`` per test, ``error`` if the submission
+    could not be graded normally, ``cell_errors`` (grade_id -> why the cell did not load)."""
+    submission: str
+    chapter: str | None
+    seed: int
+    outcomes: list[TestOutcome] = field(default_factory=list)
+    error: str = ""
+    isolation: str = ""
+    cell_errors: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def score(self) -> float:
+        return sum(o.score for o in self.outcomes)
+
+    @property
+    def max_score(self) -> float:
+        return sum(o.max_score for o in self.outcomes)
+
+    def exercises(self) -> dict[str, tuple[float, float]]:
+        """grade_id -> (score, max_score), in test order."""
+        totals: dict[str, tuple[float, float]] = {}
+        for o in self.outcomes:
+            score, best = totals.get(o.grade_id, (0.0, 0.0))
+            totals[o.grade_id] = (score + o.score, best + o.max_score)
+        return totals
+
+
+class BrokenLearner:
+    """Stands in for a submission that cannot run: every call fails with ``message``."""
+
+    def __init__(self, message: str):
+        self.message = message
+        self.last_trace: list = []
+
+    def _fail(self, *args, **kwargs):
+        raise LearnerError(self.message)
+
+    call = new = method = getattr = _fail
+
+
+def chapter_graders() -> dict[str, list[str]]:
+    """Chapter name (grader file stem without ``test_``) -> grade_ids it grades."""
+    load_graders()
+    chapters: dict[str, list[str]] = {}
+    for exercise in REGISTRY.values():
+        for key in exercise.tests:
+            chapter = Path(key.split("::")[0]).stem.removeprefix("test_")
+            chapters.setdefault(chapter, []).append(exercise.grade_id)
+    return chapters
+
+
+def grader_file(chapter: str) -> Path:
+    """``autograder/tests/test_<chapter>.py`` for ``ch01_naive_decoding`` or ``ch01``."""
+    matches = sorted(TESTS_DIR.glob(f"test_{chapter}.py")) or \
+        sorted(TESTS_DIR.glob(f"test_{chapter}_*.py"))
+    if not matches:
+        raise FileNotFoundError(f"no grader for chapter {chapter!r} in {TESTS_DIR}")
+    return matches[0]
+
+
+def run_tests(tests: Path, learner, seed: int) -> list[TestOutcome]:
+    """Run the grader file ``tests`` in-process with the collecting plugin."""
+    collector = Collector(learner, seed)
+    args = [str(tests), "-c", os.devnull, "--rootdir", str(tests.parent), "--confcutdir",
+            str(tests.parent), "--disable-plugin-autoload", "-p", "no:cacheprovider",
+            "--import-mode=importlib", "--capture=sys", "-q", "--no-header",
+            "-W", "ignore::pytest.PytestAssertRewriteWarning"]
+    with contextlib.redirect_stdout(io.StringIO()) as log:
+        status = pytest.main(args, plugins=[collector])
+    if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or not collector.outcomes:
+        raise RuntimeError(f"the grader {tests} did not run ({status!r}):\n{log.getvalue()[-3000:]}")
+    return collector.outcomes
+
+
+def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = None, timeout: float = 10,
+          memory_mb: int = 4096, hide: Iterable[str | Path] = (),
+          isolate: bool = True) -> SubmissionResult:
+    """Grade the notebook at ``path`` (or a notebook dict, e.g. from ``notebook.inject``).
+    ``tests`` overrides the grader file found from the
+    chapter; ``hide`` adds directories the worker must not see (submissions, outputs);
+    ``isolate=False`` runs the worker without namespaces even as root."""
+    start = time.monotonic()
+    is_dict = isinstance(path, Mapping)
+    result = SubmissionResult("<notebook>" if is_dict else str(path), None, seed)
+    try:
+        nb = dict(path) if is_dict else read_notebook(path)
+    except NotebookError as exc:
+        nb, result.error = None, str(exc)
+    if tests is None:
+        result.chapter = chapter_of(nb or {}, None if is_dict else path, chapter_graders())
+        if result.chapter is None:
+            result.error = result.error or ("cannot tell which chapter this notebook is for "
+                                            "(no course.chapter metadata, no chNN in the name)")
+            return result
+        tests = grader_file(result.chapter)
+    else:
+        result.chapter = Path(tests).stem.removeprefix("test_")
+    if nb is None:
+        learner = BrokenLearner(f"not graded: {result.error}")
+    else:
+        hidden = [PACKAGE_DIR.parent, PACKAGE_DIR, PACKAGE_DIR.parent / "reference", *hide]
+        learner = SandboxLearner(solution_cells(nb), timeout=timeout, memory_mb=memory_mb,
+                                 hide=hidden, isolate=isolate)
+        result.isolation = learner.isolation
+    try:
+        result.outcomes = run_tests(Path(tests).resolve(), learner, seed)
+    finally:
+        if isinstance(learner, SandboxLearner):
+            result.cell_errors = dict(learner.cell_errors)
+            learner.close()
+    result.seconds = time.monotonic() - start
+    return result

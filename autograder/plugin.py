@@ -1,0 +1,141 @@
+"""The ``exercise`` mark, the registry of grader tests, and the pytest plugin that records
+per-test outcomes and points.
+
+Grader tests are written as::
+
+    from autograder.plugin import exercise
+
+    @exercise("naive_generate", points=2)
+    def test_matches_reference(learner, seed): ...
+
+An exercise's points are split evenly over its tests. The verdict is computed here, in the
+grader process, from pytest's own reports; learner output is shown, never parsed.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import pytest
+
+from autograder.errors import LearnerError
+
+
+@dataclass
+class Exercise:
+    """One graded exercise: ``grade_id`` (the learner's function/class name), total ``points``,
+    ``tests`` maps ``"file::function"`` to the test function."""
+    grade_id: str
+    points: float
+    tests: dict[str, Callable] = field(default_factory=dict)
+
+
+REGISTRY: dict[str, Exercise] = {}
+
+
+def exercise(grade_id: str, points: float = 1) -> Callable[[Callable], Callable]:
+    """Decorator: mark a grader test as part of exercise ``grade_id`` worth ``points`` in total
+    (shared by all tests of that exercise) and register it in ``REGISTRY``."""
+    def decorate(fn: Callable) -> Callable:
+        entry = REGISTRY.setdefault(grade_id, Exercise(grade_id, points))
+        if entry.points != points:
+            raise ValueError(f"exercise {grade_id!r} is declared with points={entry.points} and "
+                             f"points={points}; use the same total on every test")
+        entry.tests[f"{fn.__code__.co_filename}::{fn.__name__}"] = fn
+        return pytest.mark.exercise(grade_id, points=points)(fn)
+    return decorate
+
+
+@dataclass
+class TestOutcome:
+    """Result of one grader test: ``score`` out of ``max_score`` points; ``message`` is the
+    teaching message of a failure (``""`` when passed); ``output`` the learner's output."""
+    __test__ = False  # not a pytest test class
+
+    name: str
+    grade_id: str
+    max_score: float
+    score: float
+    passed: bool
+    message: str = ""
+    output: str = ""
+    seconds: float = 0.0
+
+
+COLLECTOR = pytest.StashKey["Collector"]()
+
+
+def failure_message(exc: BaseException) -> str:
+    """The message a failed test shows: assertion text, or the exception type and message."""
+    if isinstance(exc, AssertionError):
+        return str(exc).strip() or "assertion failed"
+    return f"{type(exc).__name__}: {exc}"
+
+
+class Collector:
+    """pytest plugin: provides the ``learner`` and ``seed`` fixtures and collects
+    ``outcomes`` (list of ``TestOutcome``) for tests carrying the ``exercise`` mark.
+
+    ``learner`` is any object with the learner API (``SandboxLearner``/``LocalLearner``); if it
+    has ``take_output() -> str``, that text becomes the test's output.
+    """
+
+    def __init__(self, learner: Any, seed: int):
+        self.learner = learner
+        self.seed = seed
+        self.outcomes: list[TestOutcome] = []
+        self._share: dict[str, float] = {}
+        self._start = 0.0
+
+    @pytest.fixture(name="learner")
+    def learner_fixture(self) -> Any:
+        return self.learner
+
+    @pytest.fixture(name="seed")
+    def seed_fixture(self) -> int:
+        return self.seed
+
+    def pytest_configure(self, config: pytest.Config) -> None:
+        config.stash[COLLECTOR] = self
+        config.addinivalue_line("markers", "exercise(grade_id, points): a graded test")
+
+    def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
+        counts: dict[str, int] = {}
+        for item in items:
+            mark = item.get_closest_marker("exercise")
+            if mark:
+                counts[mark.args[0]] = counts.get(mark.args[0], 0) + 1
+        for item in items:
+            mark = item.get_closest_marker("exercise")
+            if mark:
+                self._share[item.nodeid] = mark.kwargs.get("points", 1) / counts[mark.args[0]]
+
+    def pytest_runtest_setup(self, item: pytest.Item) -> None:
+        self._start = time.monotonic()
+        if hasattr(self.learner, "take_output"):
+            self.learner.take_output()
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):
+        report = yield
+        mark = item.get_closest_marker("exercise")
+        done = call.when == "call" or (call.when == "setup" and report.outcome != "passed")
+        if not mark or not done:
+            return report
+        passed = report.passed
+        if call.excinfo is None:
+            message = "" if passed else f"skipped: {report.longrepr}"
+        elif call.excinfo.errisinstance(pytest.skip.Exception):
+            message = f"skipped: {call.excinfo.value.msg}"
+        else:
+            message = failure_message(call.excinfo.value)
+            if call.when == "setup" and not isinstance(call.excinfo.value, LearnerError):
+                message = f"grader error during set-up: {message}"
+        output = self.learner.take_output() if hasattr(self.learner, "take_output") else ""
+        share = self._share[item.nodeid]
+        self.outcomes.append(TestOutcome(
+            name=item.name, grade_id=mark.args[0], max_score=share,
+            score=share if passed else 0.0, passed=passed, message=message, output=output,
+            seconds=time.monotonic() - self._start))
+        return report

@@ -1,0 +1,35 @@
+"""Fixtures of the chapter graders.
+
+Under the autograder (``python -m autograder grade``) ``learner`` and ``seed`` come from the
+grading plugin. Run directly (``python -m pytest autograder/tests/test_ch01_naive_decoding.py``)
+the tests grade the solution file ``autograder/solutions/ch01_naive_decoding.py`` in-process,
+with the seed from ``$AUTOGRADER_SEED`` (default 0) — the quickest way to check a grader.
+"""
+import os
+from pathlib import Path
+
+import pytest
+
+from autograder.local import LocalLearner
+from autograder.plugin import COLLECTOR
+
+SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
+
+
+@pytest.fixture
+def learner(request):
+    """The learner under test (``SandboxLearner`` when grading, else ``LocalLearner``)."""
+    collector = request.config.stash.get(COLLECTOR, None)
+    if collector is not None:
+        return collector.learner
+    solution = SOLUTIONS / (request.path.stem.removeprefix("test_") + ".py")
+    if not solution.exists():
+        pytest.skip(f"no solution file {solution} to grade")
+    return LocalLearner.from_file(solution)
+
+
+@pytest.fixture
+def seed(request) -> int:
+    """Seed of the grading run (``torch.Generator().manual_seed(seed)`` draws the inputs)."""
+    collector = request.config.stash.get(COLLECTOR, None)
+    return collector.seed if collector is not None else int(os.environ.get("AUTOGRADER_SEED", 0))

@@ -1,0 +1,352 @@
+"""Grader for exercises/ch02_kv_cache.ipynb.
+
+Expected values come from ``reference`` (or, for the cache, from a plain list-of-tensors
+model kept here) on inputs drawn from ``torch.Generator().manual_seed(seed)``.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+from torch.nn import functional as F
+
+from autograder.errors import LearnerError
+from autograder.feedback import assert_close, assert_equal, assert_equal_tokens
+from autograder.plugin import exercise
+from autograder.refs import CacheRef, ModelRef
+from reference.decoding import generate
+from reference.model import build_tiny
+
+VOCAB = 256  # the tiny model's vocabulary
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _randint(gen: torch.Generator, low: int, high: int) -> int:
+    """An int drawn uniformly from [low, high] (both ends included)."""
+    return int(torch.randint(low, high + 1, (1,), generator=gen))
+
+
+def _close(a, b, tol=1e-6) -> bool:
+    """Elementwise closeness computed by hand (learner code may have patched torch.allclose)."""
+    if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(b.shape):
+        return False
+    diff = (a.detach().double() - b.detach().double()).abs()
+    return not bool(torch.isnan(diff).any()) and not bool((diff > tol + tol * b.double().abs()).any())
+
+
+# ------------------------------------------------------------------------------ KVCache
+
+class ListCache:
+    """What a KV cache must hold, kept the simple way: one list of chunks per layer."""
+
+    def __init__(self, n_layers: int):
+        self.k = [list() for layer in range(n_layers)]
+        self.v = [list() for layer in range(n_layers)]
+
+    def append(self, layer, k, v):
+        self.k[layer].append(k)
+        self.v[layer].append(v)
+        return self.read(layer)
+
+    def read(self, layer):
+        return torch.cat(self.k[layer], dim=2), torch.cat(self.v[layer], dim=2)
+
+    def length(self, layer=-1) -> int:
+        return sum(t.shape[2] for t in self.k[layer])
+
+    def truncate(self, n):
+        for store in (self.k, self.v):
+            for i, chunks in enumerate(store):
+                store[i] = [torch.cat(chunks, dim=2)[:, :, :n]] if chunks else []
+
+
+def _dims(gen):
+    """Random cache geometry: n_layers, batch, n_kv_heads, head_dim."""
+    return _randint(gen, 2, 4), _randint(gen, 1, 2), _randint(gen, 1, 3), _randint(gen, 2, 8)
+
+
+def _pair(result, what: str):
+    if not (isinstance(result, (tuple, list)) and len(result) == 2
+            and all(isinstance(t, torch.Tensor) for t in result)):
+        raise AssertionError(f"{what} must return a pair of tensors (k_all, v_all); "
+                             f"got {type(result).__name__}")
+    return result
+
+
+def _compare_kv(got, expected, what: str, layer: int) -> None:
+    got_k, got_v = _pair(got, what)
+    exp_k, exp_v = expected
+    if got_k.dim() == 4 and got_k.shape[:2] == exp_k.shape[:2] and got_k.shape[3] == exp_k.shape[3] \
+            and got_k.shape[2] != exp_k.shape[2]:
+        hint = (f"layer {layer} holds {exp_k.shape[2]} tokens but {what} returned "
+                f"{got_k.shape[2]} positions. ")
+        if layer > 0:
+            hint += ("Each layer needs its own fill level: in one forward layer 0 appends before "
+                     "layer 1, so a single shared counter puts layer 1's tokens after layer 0's "
+                     "(or before they are counted). ")
+        if got_k.shape[2] > exp_k.shape[2]:
+            hint += ("Return only the filled prefix of the layer, buffer[layer, :, :, :filled], "
+                     "not more.")
+        raise AssertionError(hint)
+    for name, g, e in (("k_all", got_k, exp_k), ("v_all", got_v, exp_v)):
+        if _close(g, e) or not isinstance(g, torch.Tensor) or g.shape != e.shape:
+            assert_close(g, e, name=f"{name} of {what}",
+                         hint="the returned tensors are every key/value appended to this layer, "
+                              "in order, along dim 2")
+            continue
+        filled = e.shape[2]
+        hint = "the layer's tokens, oldest first, along dim 2"
+        if filled and _close(g[:, :, -1:], e[:, :, -1:]) and not _close(g, e):
+            hint = ("the newest tokens are right but older ones were overwritten: write at the "
+                    "layer's current fill position, not at 0 or at a position shared by all layers")
+        assert_close(g, e, name=f"{name} of {what}", hint=hint)
+
+
+def _length(learner, cache) -> int:
+    value = learner.getattr(cache, "length")
+    if callable(value) or not isinstance(value, int) or isinstance(value, bool):
+        raise AssertionError(f"`length` should be an int (an attribute or a property), got {value!r}")
+    return value
+
+
+def _fill(learner, cache, model: ListCache, gen, n_layers, batch, heads, dim, steps, dtype):
+    """Append ``steps`` (a list of chunk lengths) to every layer in order, checking each return."""
+    for t in steps:
+        for layer in range(n_layers):
+            k = torch.randn(batch, heads, t, dim, generator=gen, dtype=torch.float64).to(dtype)
+            v = torch.randn(batch, heads, t, dim, generator=gen, dtype=torch.float64).to(dtype)
+            what = f"append({layer}, k, v) with {t} new token(s)"
+            _compare_kv(learner.method(cache, "append", layer, k, v), model.append(layer, k, v),
+                        what, layer)
+        assert_equal(_length(learner, cache), model.length(), name="cache.length",
+                     hint="after a forward (every layer appended once) length is the number of "
+                          "tokens each layer holds")
+
+
+@exercise("KVCache", points=4)
+def test_kvcache_append_and_read_match_a_list_of_tensors(learner, seed):
+    gen = _gen(seed)
+    n_layers, batch, heads, dim = _dims(gen)
+    steps = [_randint(gen, 2, 7)] + [1] * _randint(gen, 2, 5) + [_randint(gen, 2, 4), 1]
+    cache = learner.new("KVCache", n_layers, batch, heads, sum(steps) + _randint(gen, 0, 5), dim)
+    assert_equal(_length(learner, cache), 0, name="length of a new cache")
+    model = ListCache(n_layers)
+    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, steps, torch.float32)
+    for layer in range(n_layers):
+        _compare_kv(learner.method(cache, "read", layer), model.read(layer), f"read({layer})", layer)
+
+
+@exercise("KVCache", points=4)
+def test_kvcache_truncate_then_append_again(learner, seed):
+    gen = _gen(seed + 1)
+    n_layers, batch, heads, dim = _dims(gen)
+    cache = learner.new("KVCache", n_layers, batch, heads, 32, dim)
+    model = ListCache(n_layers)
+    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [_randint(gen, 4, 8), 1, 1, 1],
+          torch.float32)
+    keep = _randint(gen, 1, model.length() - 1)
+    learner.method(cache, "truncate", keep)
+    model.truncate(keep)
+    assert_equal(_length(learner, cache), keep, name=f"length after truncate({keep})",
+                 hint="truncate(n) keeps the first n tokens of every layer and forgets the rest")
+    for layer in range(n_layers):
+        _compare_kv(learner.method(cache, "read", layer), model.read(layer),
+                    f"read({layer}) after truncate({keep})", layer)
+    # New tokens go right after the kept prefix, overwriting what was forgotten.
+    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [_randint(gen, 2, 3), 1],
+          torch.float32)
+
+
+@exercise("KVCache", points=4)
+def test_kvcache_refuses_to_overflow(learner, seed):
+    gen = _gen(seed + 2)
+    n_layers, batch, heads, dim = _dims(gen)
+    max_len = _randint(gen, 3, 8)
+    cache = learner.new("KVCache", n_layers, batch, heads, max_len, dim)
+    model = ListCache(n_layers)
+    # Filling the cache exactly to max_len is allowed ...
+    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [max_len - 1, 1], torch.float32)
+    # ... one more token is not, whether it comes alone or in a chunk.
+    for t in (1, 2):
+        k = torch.randn(batch, heads, t, dim, generator=gen)
+        try:
+            learner.method(cache, "append", 0, k, k.clone())
+        except LearnerError as exc:
+            if "ValueError" not in str(exc):
+                raise AssertionError(
+                    f"appending past max_len={max_len} should raise ValueError with a clear "
+                    f"message; instead {exc}") from None
+        else:
+            raise AssertionError(
+                f"a cache created with max_len={max_len} already held {max_len} tokens and "
+                f"accepted {t} more without complaint; raise ValueError when an append would "
+                "go past max_len (the buffers never grow)")
+
+
+@exercise("KVCache", points=4)
+def test_kvcache_buffers_are_allocated_once(learner, seed):
+    gen = _gen(seed + 3)
+    n_layers, batch, heads, dim = _dims(gen)
+    max_len = _randint(gen, 10, 20)
+    full = [n_layers, batch, heads, max_len, dim]
+    cache = learner.new("KVCache", n_layers, batch, heads, max_len, dim, dtype=torch.float64)
+    buffers = {}
+    for name in ("k", "v"):
+        try:
+            buffers[name] = learner.getattr(cache, name)
+        except LearnerError:
+            raise AssertionError(
+                f"a new KVCache has no attribute `{name}`. Reserve the buffers in __init__: "
+                f"self.k and self.v of shape [n_layers, batch, n_kv_heads, max_len, head_dim] "
+                f"(here {full})") from None
+        buf = buffers[name]
+        if not isinstance(buf, torch.Tensor) or list(buf.shape) != full:
+            shape = list(buf.shape) if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise AssertionError(
+                f"right after construction `{name}` should be the whole buffer of shape {full} "
+                f"(n_layers, batch, n_kv_heads, max_len, head_dim), but it is {shape}. "
+                "Allocate it once at full size; appending writes into it")
+        if buf.dtype != torch.float64:
+            raise AssertionError(f"KVCache(..., dtype=torch.float64) allocated `{name}` as "
+                                 f"{buf.dtype}; use the dtype argument")
+    model = ListCache(n_layers)
+    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [_randint(gen, 2, 5), 1, 1],
+          torch.float64)
+    filled = model.length()
+    for index, name in enumerate(("k", "v")):
+        buf = learner.getattr(cache, name)
+        if not isinstance(buf, torch.Tensor) or list(buf.shape) != full:
+            shape = list(buf.shape) if isinstance(buf, torch.Tensor) else type(buf).__name__
+            raise AssertionError(
+                f"after {filled} appended tokens `{name}` has shape {shape} instead of {full}: the "
+                "buffer was replaced. Growing tensors with torch.cat copies the whole prefix at "
+                "every step; write the new slice into the preallocated buffer instead")
+        for layer in range(n_layers):
+            expected = model.read(layer)[index]
+            if not _close(buf[layer, :, :, :filled], expected, 0.0):
+                raise AssertionError(
+                    f"`{name}[{layer}, :, :, :{filled}]` does not hold the {filled} tokens appended "
+                    f"to layer {layer}: the values must live in the preallocated buffer itself "
+                    "(append writes into it; read returns views of it)")
+
+
+# ---------------------------------------------------------------------- decode_attention
+
+def _decode_reference(q_all, k, v):
+    """Last row of causal attention over the whole sequence, in float64."""
+    out = F.scaled_dot_product_attention(q_all.double(), k.double(), v.double(), is_causal=True)
+    return out[..., -1:, :]
+
+
+def _check_decode(learner, q_all, k, v, tol):
+    q = q_all[..., -1:, :].clone()
+    out = learner.call("decode_attention", q, k, v)
+    expected = _decode_reference(q_all, k, v)
+    shape = tuple(q.shape)
+    if isinstance(out, torch.Tensor) and tuple(out.shape) == shape and not _close(out, expected, 1e-4):
+        d = q.shape[-1]
+        unscaled = torch.softmax(q.double() @ k.double().transpose(-2, -1), -1) @ v.double()
+        if k.shape[-2] > 1 and _close(out, v[..., :1, :], 1e-6):
+            raise AssertionError(
+                "decode_attention returned v at position 0 only: a causal mask built for a "
+                "square matrix hides every key but the first from a single query row. The new "
+                "query is the last position, so it may see every cached key: use no mask")
+        if _close(out, unscaled, 1e-4):
+            raise AssertionError(f"the scores are not divided by sqrt(D) = sqrt({d})")
+        if _close(out, q, 1e-6) or _close(out, v[..., -1:, :], 1e-6):
+            raise AssertionError("decode_attention returned one of its inputs; compute "
+                                 "softmax(q k^T / sqrt(D)) v over all T cached positions")
+    if isinstance(out, torch.Tensor) and out.dtype != q.dtype:
+        raise AssertionError(f"decode_attention returned {out.dtype} for {q.dtype} inputs")
+    assert_close(out.double() if isinstance(out, torch.Tensor) else out, expected,
+                 name=f"decode_attention(q {list(shape)}, k/v {list(k.shape)})", atol=tol, rtol=tol,
+                 hint="the output is the last row of causal attention: softmax(q k^T / sqrt(D)) v "
+                      "with q of shape [B, H, 1, D]")
+
+
+def _seq(gen, shape, dtype=torch.float32):
+    return tuple(torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype) for _ in range(3))
+
+
+@exercise("decode_attention", points=2)
+def test_decode_attention_is_the_last_row_of_causal_attention(learner, seed):
+    gen = _gen(seed)
+    shape = (_randint(gen, 1, 3), _randint(gen, 1, 4), _randint(gen, 2, 40), _randint(gen, 4, 32))
+    _check_decode(learner, *_seq(gen, shape), tol=1e-5)
+
+
+@exercise("decode_attention", points=2)
+def test_decode_attention_one_position_long_cache_and_float64(learner, seed):
+    gen = _gen(seed + 1)
+    _check_decode(learner, *_seq(gen, (2, 3, 1, 8)), tol=1e-5)   # the cache holds one token
+    _check_decode(learner, *_seq(gen, (1, 2, _randint(gen, 200, 300), 16)), tol=1e-5)
+    _check_decode(learner, *_seq(gen, (1, 2, _randint(gen, 3, 20), 8), torch.float64), tol=1e-10)
+
+
+# ----------------------------------------------------------------------- cached_generate
+
+def _prompt(gen, low, high) -> list[int]:
+    n = _randint(gen, low, high)
+    return [int(t) for t in torch.randint(0, VOCAB, (n,), generator=gen)]
+
+
+def _cases(seed):
+    gen = _gen(seed)
+    return [(_prompt(gen, 2, 10), _randint(gen, 3, 8)), (_prompt(gen, 1, 1), _randint(gen, 2, 4)),
+            (_prompt(gen, 5, 20), 1)]
+
+
+def _run_cached(learner, seed, prompt, n_new):
+    cache = CacheRef(seed, max_len=len(prompt) + n_new + 1)
+    return learner.call("cached_generate", ModelRef("tiny", seed), list(prompt), n_new, cache)
+
+
+@exercise("cached_generate", points=4)
+def test_cached_generate_returns_the_naive_tokens(learner, seed):
+    model = build_tiny(seed)
+    for prompt, n_new in _cases(seed):
+        got = _run_cached(learner, seed, prompt, n_new)
+        expected = [int(t) for t in generate(model, list(prompt), n_new, use_cache=True)]
+        if isinstance(got, (list, tuple)) and len(got) == len(prompt) + n_new \
+                and list(got[:len(prompt)]) == prompt:
+            raise AssertionError("cached_generate returned the prompt followed by the new "
+                                 "tokens; return only the n_new generated ids")
+        if isinstance(got, tuple):
+            got = list(got)
+        assert_equal_tokens(got, expected, name=f"cached_generate(model, {prompt}, {n_new}, cache)",
+                            hint="the first token is the argmax of the LAST row of the prefill "
+                                 "logits; each later one comes from the single row of a "
+                                 "one-token forward with the same cache")
+
+
+@exercise("cached_generate", points=4)
+def test_cached_generate_prefills_once_then_feeds_one_token(learner, seed):
+    for prompt, n_new in _cases(seed + 1):
+        _run_cached(learner, seed, prompt, n_new)
+        trace = [(tuple(shape), bool(cached)) for shape, cached in learner.last_trace]
+        expected = [((1, len(prompt)), True)] + [((1, 1), True)] * (n_new - 1)
+        if trace == expected:
+            continue
+        calls = f"(P = {len(prompt)}, n_new = {n_new}; model inputs seen: {[s for s, _ in trace]})"
+        if not all(cached for _, cached in trace):
+            raise AssertionError(
+                f"some forward passes were made without the cache {calls}. Pass cache=cache to "
+                "every model call: the prefill fills it and each decode step appends to it")
+        if trace and trace[0][0] == (1, 1) and len(prompt) > 1:
+            raise AssertionError(
+                f"the prompt was fed one token at a time {calls}. The prefill processes all "
+                "P prompt positions in ONE forward: model(torch.tensor([prompt_ids]), cache=cache)")
+        if len(trace) == n_new + 1 and trace[:n_new] == expected:
+            raise AssertionError(
+                f"{n_new} tokens took {n_new + 1} forward passes {calls}: the last generated "
+                "token is never fed back, so stop once n_new tokens are collected")
+        if any(shape[-1] > 1 for shape, _ in trace[1:] if shape):
+            raise AssertionError(
+                f"a decode step fed more than one token {calls}. The cache already holds every "
+                "earlier position; after the prefill feed only the newest token, shape [1, 1]")
+        raise AssertionError(
+            f"expected one prefill forward of shape [1, {len(prompt)}] and then {n_new - 1} "
+            f"forwards of shape [1, 1], all with the cache {calls}")

@@ -1,0 +1,210 @@
+"""Known-wrong and cheating submissions for chapter 02 (see tests/test_selfcheck_ch02.py).
+
+Each section is the body of one solution cell; none may earn the exercise's full points.
+"""
+
+# %% grade_id: KVCache | wrong: grows the cache with torch.cat at every append
+class KVCache:
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
+                 dtype=torch.float32, device="cpu"):
+        self.max_len = max_len
+        empty = torch.zeros(batch, n_kv_heads, 0, head_dim, dtype=dtype, device=device)
+        self.ks = [empty] * n_layers
+        self.vs = [empty] * n_layers
+        self.last = 0
+
+    @property
+    def length(self):
+        return self.ks[self.last].shape[-2]
+
+    def append(self, layer, k, v):
+        if self.ks[layer].shape[-2] + k.shape[-2] > self.max_len:
+            raise ValueError("cache is full")
+        self.ks[layer] = torch.cat([self.ks[layer], k], dim=-2)
+        self.vs[layer] = torch.cat([self.vs[layer], v], dim=-2)
+        self.last = layer
+        return self.ks[layer], self.vs[layer]
+
+    def read(self, layer):
+        return self.ks[layer], self.vs[layer]
+
+    def truncate(self, n):
+        self.ks = [t[..., :n, :] for t in self.ks]
+        self.vs = [t[..., :n, :] for t in self.vs]
+
+
+# %% grade_id: KVCache | wrong: one shared write position for all layers
+class KVCache:
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
+                 dtype=torch.float32, device="cpu"):
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.length = 0
+
+    def append(self, layer, k, v):
+        t = k.shape[-2]
+        if self.length + t > self.max_len:
+            raise ValueError("cache is full")
+        self.k[layer, :, :, self.length:self.length + t] = k
+        self.v[layer, :, :, self.length:self.length + t] = v
+        self.length += t
+        return self.read(layer)
+
+    def read(self, layer):
+        return self.k[layer, :, :, :self.length], self.v[layer, :, :, :self.length]
+
+    def truncate(self, n):
+        self.length = min(self.length, n)
+
+
+# %% grade_id: KVCache | wrong: no capacity check, the slice silently clips
+class KVCache:
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
+                 dtype=torch.float32, device="cpu"):
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.used = [0] * n_layers
+        self.last = 0
+
+    @property
+    def length(self):
+        return self.used[self.last]
+
+    def append(self, layer, k, v):
+        a = self.used[layer]
+        b = min(a + k.shape[-2], self.k.shape[3])
+        self.k[layer, :, :, a:b] = k[..., :b - a, :]
+        self.v[layer, :, :, a:b] = v[..., :b - a, :]
+        self.used[layer] = b
+        self.last = layer
+        return self.read(layer)
+
+    def read(self, layer):
+        return self.k[layer, :, :, :self.used[layer]], self.v[layer, :, :, :self.used[layer]]
+
+    def truncate(self, n):
+        self.used = [min(u, n) for u in self.used]
+
+
+# %% grade_id: KVCache | cheat: shows preallocated-looking buffers but keeps lists
+class KVCache:
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
+                 dtype=torch.float32, device="cpu"):
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.ks = [[] for _ in range(n_layers)]
+        self.vs = [[] for _ in range(n_layers)]
+        self.last = 0
+
+    @property
+    def length(self):
+        return sum(t.shape[-2] for t in self.ks[self.last])
+
+    def append(self, layer, k, v):
+        if sum(t.shape[-2] for t in self.ks[layer]) + k.shape[-2] > self.max_len:
+            raise ValueError("cache is full")
+        self.ks[layer].append(k.clone())
+        self.vs[layer].append(v.clone())
+        self.last = layer
+        return self.read(layer)
+
+    def read(self, layer):
+        return torch.cat(self.ks[layer], dim=-2), torch.cat(self.vs[layer], dim=-2)
+
+    def truncate(self, n):
+        for lists in (self.ks, self.vs):
+            for i, chunks in enumerate(lists):
+                lists[i] = [torch.cat(chunks, dim=-2)[..., :n, :]] if chunks else []
+
+
+# %% grade_id: KVCache | cheat: imports the reference cache
+from reference.kv_cache import KVCache  # noqa: F401
+
+
+# %% grade_id: decode_attention | wrong: forgets the 1/sqrt(D) scale
+def decode_attention(q, k, v):
+    return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+
+
+# %% grade_id: decode_attention | wrong: reuses a causal mask built for a square matrix
+def decode_attention(q, k, v):
+    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
+    mask = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).triu(1)
+    return s.masked_fill(mask, float("-inf")).softmax(-1) @ v
+
+
+# %% grade_id: decode_attention | cheat: disables torch's comparisons and returns the query
+import torch
+import torch.testing
+
+torch.allclose = lambda *a, **k: True
+torch.equal = lambda *a, **k: True
+torch.testing.assert_close = lambda *a, **k: None
+
+
+def decode_attention(q, k, v):
+    return q
+
+
+# %% grade_id: decode_attention | cheat: returns the newest value vector
+def decode_attention(q, k, v):
+    return v[..., -1:, :]
+
+
+# %% grade_id: cached_generate | wrong: feeds the prompt one token at a time
+def cached_generate(model, prompt_ids, n_new, cache):
+    out = []
+    logits = None
+    for t in prompt_ids:
+        logits = model(torch.tensor([[t]]), cache=cache)
+    for _ in range(n_new):
+        tok = int(logits[0, -1].argmax())
+        out.append(tok)
+        if len(out) < n_new:
+            logits = model(torch.tensor([[tok]]), cache=cache)
+    return out
+
+
+# %% grade_id: cached_generate | wrong: reads the first row of the prefill logits
+def cached_generate(model, prompt_ids, n_new, cache):
+    tok = int(model(torch.tensor([list(prompt_ids)]), cache=cache)[0, 0].argmax())
+    out = [tok]
+    while len(out) < n_new:
+        tok = int(model(torch.tensor([[tok]]), cache=cache)[0, -1].argmax())
+        out.append(tok)
+    return out
+
+
+# %% grade_id: cached_generate | wrong: runs one forward too many
+def cached_generate(model, prompt_ids, n_new, cache):
+    logits = model(torch.tensor([list(prompt_ids)]), cache=cache)
+    out = []
+    for _ in range(n_new):
+        tok = int(logits[0, -1].argmax())
+        out.append(tok)
+        logits = model(torch.tensor([[tok]]), cache=cache)
+    return out
+
+
+# %% grade_id: cached_generate | cheat: ignores the cache and re-runs the whole sequence
+def cached_generate(model, prompt_ids, n_new, cache):
+    seq = list(prompt_ids)
+    out = []
+    for _ in range(n_new):
+        tok = int(model(torch.tensor([seq]))[0, -1].argmax())
+        out.append(tok)
+        seq.append(tok)
+    return out
+
+
+# %% grade_id: cached_generate | cheat: calls the reference generator
+from reference.decoding import generate as _ref_generate
+
+
+def cached_generate(model, prompt_ids, n_new, cache):
+    return _ref_generate(model, list(prompt_ids), n_new, use_cache=True)

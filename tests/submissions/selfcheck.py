@@ -1,0 +1,120 @@
+"""Shared by tests/test_selfcheck_chNN.py: grade one chapter's stub, solutions, known-wrong and
+cheating submissions through the command-line autograder, then report per exercise.
+
+Submissions are sections of ``tests/submissions/<chapter>.py`` (marker syntax in
+``autograder/solutions/__init__.py``). The k-th section of a kind ("wrong", "cheat") of every
+exercise goes into notebook ``<kind>_<k>``; exercises without a k-th section keep their stub.
+The notebooks of all chapters sit in one folder that a single
+``python -m autograder grade FOLDER --jobs 2`` grades (the CLI picks each notebook's chapter
+from its metadata), which keeps the self-checks within about a minute.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from autograder.notebook import inject, read_notebook
+from autograder.solutions import Section, load_solutions, split_sections
+
+ROOT = Path(__file__).resolve().parents[2]
+SUBMISSIONS = Path(__file__).resolve().parent
+
+
+@dataclass
+class Graded:
+    """Results of one batch notebook: what was injected and the points per exercise."""
+    name: str
+    injected: dict[str, Section] = field(default_factory=dict)
+    points: dict[str, tuple[float, float]] = field(default_factory=dict)  # gid -> (score, max)
+    report: dict = field(default_factory=dict)
+
+    @property
+    def total(self) -> tuple[float, float]:
+        return (sum(s for s, _ in self.points.values()), sum(m for _, m in self.points.values()))
+
+    def messages(self, grade_id: str) -> list[str]:
+        return [t["output"] for t in self.report.get("tests", [])
+                if t["name"].startswith(f"{grade_id}: ") and t["status"] != "passed"]
+
+
+def variants(chapter: str) -> dict[str, dict[str, list[Section]]]:
+    """kind -> grade_id -> sections, in file order."""
+    out: dict[str, dict[str, list[Section]]] = {}
+    for sec in split_sections((SUBMISSIONS / f"{chapter}.py").read_text()):
+        out.setdefault(sec.kind, {}).setdefault(sec.grade_id, []).append(sec)
+    return out
+
+
+def batches(chapter: str) -> dict[str, dict[str, Section]]:
+    """Notebook name -> {grade_id: injected section}: "solution", then "wrong_1", "cheat_1", ..."""
+    out = {"solution": {gid: Section(gid, "solution", "reference solution", src)
+                        for gid, src in load_solutions(chapter).items()}}
+    for kind, per_exercise in variants(chapter).items():
+        for k in range(max(len(v) for v in per_exercise.values())):
+            out[f"{kind}_{k + 1}"] = {gid: secs[k] for gid, secs in per_exercise.items()
+                                      if k < len(secs)}
+    return out
+
+
+def grade_chapters(chapters: list[str], workdir: Path, *, seed: int = 1234, timeout: float = 5,
+                   jobs: int = 2) -> dict[str, dict[str, Graded]]:
+    """Grade the stub ("stub") and every batch of each chapter with ONE call of the CLI.
+
+    Returns chapter -> notebook name -> ``Graded``.
+    """
+    folder, out = workdir / "submissions", workdir / "results"
+    folder.mkdir(parents=True)
+    graded: dict[str, dict[str, Graded]] = {}
+    for chapter in chapters:
+        notebook = ROOT / "exercises" / f"{chapter}.ipynb"
+        graded[chapter] = {"stub": Graded("stub")}
+        (folder / f"{chapter}__stub.ipynb").write_text(json.dumps(read_notebook(notebook)))
+        for name, sections in batches(chapter).items():
+            nb = inject(notebook, {gid: sec.source for gid, sec in sections.items()})
+            (folder / f"{chapter}__{name}.ipynb").write_text(json.dumps(nb))
+            graded[chapter][name] = Graded(name, sections)
+    command = [sys.executable, "-m", "autograder", "grade", str(folder), "--json", str(out),
+               "--timeout", str(timeout), "--seed", str(seed), "--jobs", str(jobs), "--quiet"]
+    start = time.monotonic()
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=900,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    seconds = time.monotonic() - start
+    assert run.returncode == 0, f"autograder CLI failed ({run.returncode}):\n{run.stderr[-3000:]}"
+    for chapter, results in graded.items():
+        for name, result in results.items():
+            report = json.loads((out / f"{chapter}__{name}.json").read_text())
+            assert report.get("tests"), f"{chapter}/{name} was not graded: {report.get('output')}"
+            result.report = report
+            for test in report["tests"]:
+                gid = test["name"].split(": ", 1)[0]
+                score, best = result.points.get(gid, (0.0, 0.0))
+                result.points[gid] = (score + test["score"], best + test["max_score"])
+        results["stub"].report["cli_seconds"] = seconds
+    return graded
+
+
+_CACHE: dict[str, dict[str, Graded]] = {}
+
+
+def graded_chapter(chapter: str, tmp_path_factory) -> dict[str, Graded]:
+    """Results for ``chapter``. The first request grades every chapter that has submissions
+    in one CLI run (so both self-check files share one run); later requests reuse it."""
+    if chapter not in _CACHE:
+        chapters = sorted({p.stem for p in SUBMISSIONS.glob("ch[0-9][0-9]_*.py")} | {chapter})
+        _CACHE.update(grade_chapters(chapters, tmp_path_factory.mktemp("selfcheck")))
+    return _CACHE[chapter]
+
+
+def describe(graded: dict[str, Graded]) -> str:
+    """One line per injected variant: kind, exercise, label, points (for failure messages/logs)."""
+    lines = []
+    for name, result in graded.items():
+        for gid, sec in result.injected.items():
+            score, best = result.points.get(gid, (0.0, 0.0))
+            lines.append(f"{name:<11} {gid:<18} {score:>5.2f}/{best:g}  {sec.label}")
+    return "\n".join(lines)

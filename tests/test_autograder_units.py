@@ -1,0 +1,148 @@
+"""Fast tests of the autograder's parts: notebook reading, protocol, feedback, plugin, check."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from autograder import feedback
+from autograder.local import LocalLearner
+from autograder.notebook import (NotebookError, chapter_of, inject, read_notebook,
+                                 solution_cells)
+from autograder.protocol import MAX_MESSAGE, HEADER, ProtocolError, decode, encode, read_message
+from autograder.refs import CacheRef, Handle, ModelRef, from_wire, to_wire
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def solution(grade_id, source):
+    meta = {"nbgrader": {"solution": True, "grade": False, "locked": False, "grade_id": grade_id,
+                         "points": 1, "schema_version": 3}}
+    return {"cell_type": "code", "metadata": meta, "source": source, "outputs": [],
+            "execution_count": None}
+
+
+def notebook(*cells, chapter=None):
+    meta = {"course": {"chapter": chapter}} if chapter else {}
+    return {"nbformat": 4, "nbformat_minor": 5, "metadata": meta, "cells": list(cells)}
+
+
+def test_solution_cells_accept_list_and_string_sources_and_skip_others():
+    nb = notebook({"cell_type": "markdown", "source": "# hi"}, solution("a", ["x = 1\n", "y = 2"]),
+                  {"cell_type": "code", "source": "z = 3"}, solution("b", "def b(): pass"),
+                  {"cell_type": "code", "metadata": {"nbgrader": "junk"}})
+    assert solution_cells(nb) == [("a", "x = 1\ny = 2"), ("b", "def b(): pass")]
+    assert solution_cells({"cells": []}) == []
+
+
+def test_invalid_json_and_non_notebooks_give_clear_errors(tmp_path):
+    (tmp_path / "broken.ipynb").write_text('{"cells": [')
+    (tmp_path / "list.ipynb").write_text("[1, 2]")
+    with pytest.raises(NotebookError, match="not valid notebook JSON.*line 1"):
+        read_notebook(tmp_path / "broken.ipynb")
+    with pytest.raises(NotebookError, match="not a notebook"):
+        read_notebook(tmp_path / "list.ipynb")
+    (tmp_path / "nocells.ipynb").write_text("{}")
+    assert read_notebook(tmp_path / "nocells.ipynb")["cells"] == []
+
+
+def test_chapter_from_metadata_then_file_name_then_grade_ids():
+    nb = notebook(solution("naive_generate", ""))
+    assert chapter_of(notebook(chapter="ch02_kv_cache"), "ch01_x.ipynb") == "ch02_kv_cache"
+    assert chapter_of(nb, "alice_ch01.ipynb") == "ch01"
+    chapters = {"ch01_naive_decoding": ["naive_generate"], "ch02_kv_cache": ["KVCache"]}
+    assert chapter_of(nb, "submission.ipynb", chapters) == "ch01_naive_decoding"
+    assert chapter_of(notebook(), "submission.ipynb", chapters) is None
+
+
+def test_inject_replaces_only_the_named_solution_cells(tmp_path):
+    nb = notebook(solution("a", "old a"), solution("b", "old b"))
+    path = tmp_path / "nb.ipynb"
+    path.write_text(json.dumps(nb))
+    injected = inject(path, {"a": "new a"})
+    assert solution_cells(injected) == [("a", "new a"), ("b", "old b")]
+    assert solution_cells(nb) == [("a", "old a"), ("b", "old b")]  # the input is not modified
+    with pytest.raises(KeyError, match="zzz"):
+        inject(nb, {"zzz": ""})
+
+
+def test_protocol_round_trip_of_plain_data_and_markers():
+    value = {"t": torch.arange(6).reshape(2, 3)[:, 1], "xs": [1, 2.5, "s", None, (True,)],
+             "refs": to_wire([ModelRef("tiny", 3), CacheRef(3, 16), Handle(7)])}
+    data = encode(value)
+    (size,) = HEADER.unpack(data[:HEADER.size])
+    back = decode(data[HEADER.size:])
+    assert size == len(data) - HEADER.size
+    assert torch.equal(back["t"], torch.tensor([1, 4])) and back["xs"] == value["xs"]
+    assert from_wire(back["refs"][2]) == Handle(7)
+    with pytest.raises(ValueError, match="unexpected marker"):
+        from_wire(back["refs"][0])
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_protocol_refuses_pickled_objects_and_oversized_messages():
+    import io
+    import pickle
+    with pytest.raises(ProtocolError, match="unreadable"):
+        decode(pickle.dumps(Path("/etc/passwd")))
+    buffer = io.BytesIO()
+    torch.save({"obj": Path("/")}, buffer)  # an arbitrary object inside torch.save
+    with pytest.raises(ProtocolError):
+        decode(buffer.getvalue())
+    read_fd, write_fd = __import__("os").pipe()
+    __import__("os").write(write_fd, HEADER.pack(MAX_MESSAGE + 1))
+    with pytest.raises(ProtocolError, match="exceeds the limit"):
+        read_message(read_fd)
+
+
+def test_feedback_messages_teach():
+    expected = torch.zeros(2, 3)
+    got = expected.clone()
+    got[1, 2] = 0.5
+    with pytest.raises(AssertionError, match=r"index \[1, 2\]: expected 0, got 0.5"):
+        feedback.assert_close(got, expected, name="logits")
+    with pytest.raises(AssertionError, match=r"shape \[3\] but should have shape \[2, 3\]"):
+        feedback.assert_close(torch.zeros(3), expected, name="logits")
+    with pytest.raises(AssertionError, match="NaN"):
+        feedback.assert_close(expected / 0, expected, name="logits")
+    with pytest.raises(AssertionError, match="should be a torch.Tensor"):
+        feedback.assert_close([0.0], expected, name="logits")
+    with pytest.raises(AssertionError, match=r"position 2: expected 3, got 9(.|\n)*Hint: off by one"):
+        feedback.assert_equal_tokens([1, 2, 9], [1, 2, 3], name="ids", hint="off by one?")
+    with pytest.raises(AssertionError, match="has 2 tokens but should have 3"):
+        feedback.assert_equal_tokens(torch.tensor([1, 2]), [1, 2, 3], name="ids")
+    with pytest.raises(AssertionError, match="is 4 but should be 5"):
+        feedback.assert_equal(4, 5, name="n")
+    feedback.assert_close(expected + 1e-7, expected, name="logits")
+
+
+def test_local_learner_and_check_report_points(capsys):
+    namespace = {}
+    exec((ROOT / "tests/fixtures/add_solution.py").read_text(), namespace)
+    learner = LocalLearner(namespace)
+    counter = learner.new("Counter", 1)
+    learner.method(counter, "bump")
+    assert isinstance(counter, Handle) and learner.getattr(counter, "value") == 2
+    sys.path.insert(0, str(ROOT / "tests/fixtures"))
+    try:
+        __import__("add_grader")
+    finally:
+        sys.path.remove(str(ROOT / "tests/fixtures"))
+    from autograder import check
+
+    def add(a, b):
+        raise NotImplementedError()
+    check(add)
+    out = capsys.readouterr().out
+    assert "✗ test_add_ints" in out and "not implemented yet" in out and "0/2 points" in out
+    check(namespace["last_logits"])
+    assert "1/1 points" in capsys.readouterr().out
+
+
+def test_cli_help_lists_the_options():
+    out = subprocess.run([sys.executable, "-m", "autograder", "grade", "--help"], cwd=ROOT,
+                         capture_output=True, text=True).stdout
+    for option in ("--json", "--csv", "--jobs", "--timeout", "--memory-mb", "--seed", "--tests"):
+        assert option in out
