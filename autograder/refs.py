@@ -64,7 +64,7 @@ def to_wire(value: Any) -> Any:
                     "ModelRef, CacheRef or a Handle")
 
 
-def from_wire(value: Any, resolve: Callable[[dict], Any] = None) -> Any:
+def from_wire(value: Any, resolve: Callable[[dict], Any] | None = None) -> Any:
     """Inverse of ``to_wire``: tagged dicts become ``resolve(tagged)`` or, without ``resolve``,
     ``Handle`` objects (markers other than handles are then an error)."""
     if isinstance(value, dict) and TAG in value:

@@ -75,18 +75,19 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.cfg = cfg
-        self.q_proj = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.k_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
-        self.v_proj = nn.Linear(cfg.d_model, cfg.n_kv_heads * cfg.head_dim, bias=False)
+        # Q, K and V projections fused into one matrix [q; k; v]: one weight read per decode step.
+        self.split = (cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim)
+        self.qkv_proj = nn.Linear(cfg.d_model, sum(self.split), bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
                 cache: KVCache | None, layer: int) -> Tensor:
         B, T, _ = x.shape
         cfg = self.cfg
-        q = self.q_proj(x).view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)
-        k = self.k_proj(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
-        v = self.v_proj(x).view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        q, k, v = self.qkv_proj(x).split(self.split, dim=-1)
+        q = q.view(B, T, cfg.n_heads, cfg.head_dim).transpose(1, 2)
+        k = k.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
+        v = v.view(B, T, cfg.n_kv_heads, cfg.head_dim).transpose(1, 2)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # views of the whole cached prefix [B, H_kv, S, D]
@@ -104,12 +105,12 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
-        self.up_proj = nn.Linear(cfg.d_model, cfg.d_ff, bias=False)
+        self.gate_up_proj = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)  # [gate; up], fused
         self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class Block(nn.Module):
@@ -188,10 +189,12 @@ def gguf_path() -> Path:
     return path
 
 
+# GGUF tensor -> (our parameter, position among the pieces fused into it)
 _GGUF_TO_OURS = {
-    "attn_norm": "attn_norm", "attn_q": "attn.q_proj", "attn_k": "attn.k_proj",
-    "attn_v": "attn.v_proj", "attn_output": "attn.o_proj", "ffn_norm": "mlp_norm",
-    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    "attn_norm": ("attn_norm", 0), "attn_q": ("attn.qkv_proj", 0), "attn_k": ("attn.qkv_proj", 1),
+    "attn_v": ("attn.qkv_proj", 2), "attn_output": ("attn.o_proj", 0), "ffn_norm": ("mlp_norm", 0),
+    "ffn_gate": ("mlp.gate_up_proj", 0), "ffn_up": ("mlp.gate_up_proj", 1),
+    "ffn_down": ("mlp.down_proj", 0),
 }
 
 
@@ -221,16 +224,18 @@ def load_gguf_model(reader, dtype: torch.dtype = torch.float32) -> Llama:
     from gguf.quants import dequantize
 
     model = Llama(_config_from_gguf(reader))
-    state = {}
+    pieces: dict[str, dict[int, Tensor]] = {}
     for t in reader.tensors:
         weight = torch.from_numpy(dequantize(t.data, t.tensor_type).copy())
         if t.name == "token_embd.weight":
-            state["embed.weight"] = weight
+            pieces["embed.weight"] = {0: weight}
         elif t.name == "output_norm.weight":
-            state["norm.weight"] = weight
-        elif t.name.startswith("blk."):
+            pieces["norm.weight"] = {0: weight}
+        else:
             _, layer, kind, _ = t.name.split(".")
-            state[f"blocks.{layer}.{_GGUF_TO_OURS[kind]}.weight"] = weight
+            target, index = _GGUF_TO_OURS[kind]
+            pieces.setdefault(f"blocks.{layer}.{target}.weight", {})[index] = weight
+    state = {name: torch.cat([parts[i] for i in sorted(parts)]) for name, parts in pieces.items()}
     model.load_state_dict(state, strict=True)
     return model.to(dtype).eval()
 

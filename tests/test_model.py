@@ -74,7 +74,8 @@ def test_query_heads_share_kv_heads_in_groups():
     attn(x, cos, sin, torch.arange(4), None, 0)
     before = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     with torch.no_grad():
-        attn.v_proj.weight[:TINY.head_dim] = 0
+        v_rows = TINY.n_heads * TINY.head_dim + TINY.n_kv_heads * TINY.head_dim  # [q; k; v] fused
+        attn.qkv_proj.weight[v_rows:v_rows + TINY.head_dim] = 0
     attn(x, cos, sin, torch.arange(4), None, 0)
     after = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     changed = [(before[:, :, h] != after[:, :, h]).any().item() for h in range(TINY.n_heads)]

@@ -56,6 +56,11 @@ def test_known_wrong_and_cheating_submissions_lose_points(graded, kind):
         for gid, section in result.injected.items():
             score, best = result.points[gid]
             assert score < best, f"{name} `{gid}` ({section.label}) scored full marks {score}/{best}"
+            messages = result.messages(gid)
+            for text in selfcheck.expectations(section):
+                assert any(text in m for m in messages), (
+                    f"{name} `{gid}` ({section.label}): no failure message mentions {text!r}:\n"
+                    + "\n".join(messages))
             checked += 1
     assert checked == sum(len(v) for v in selfcheck.variants(CHAPTER)[kind].values())
     print("\n" + selfcheck.describe({n: r for n, r in graded.items() if n.startswith(kind)}))

@@ -6,6 +6,7 @@ exercise goes into one notebook, and likewise for "cheat".
 """
 
 # %% grade_id: naive_work | wrong: counts each step after appending the new token
+# expect: one position too long
 def naive_work(prompt_len, n_new):
     positions = cells = 0
     for i in range(n_new):
@@ -16,6 +17,7 @@ def naive_work(prompt_len, n_new):
 
 
 # %% grade_id: naive_work | wrong: counts only the causal half of the score matrix
+# expect: causal half
 def naive_work(prompt_len, n_new):
     positions = cells = 0
     for i in range(n_new):
@@ -26,10 +28,12 @@ def naive_work(prompt_len, n_new):
 
 
 # %% grade_id: naive_work | cheat: imports the reference implementation
+# expect: is not allowed
 from reference.decoding import naive_work  # noqa: F401
 
 
 # %% grade_id: naive_work | cheat: hard-codes the 100-token example
+# expect: Step i runs the model over L = P + i
 def naive_work(prompt_len, n_new):
     if n_new == 0:
         return 0, 0
@@ -37,6 +41,7 @@ def naive_work(prompt_len, n_new):
 
 
 # %% grade_id: causal_attention | wrong: forgets the 1/sqrt(D) scale
+# expect: not divided by sqrt(D)
 def causal_attention(q, k, v):
     t = q.shape[-2]
     s = q @ k.transpose(-2, -1)
@@ -45,6 +50,7 @@ def causal_attention(q, k, v):
 
 
 # %% grade_id: causal_attention | wrong: masks the diagonal too
+# expect: must still see itself
 def causal_attention(q, k, v):
     t = q.shape[-2]
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -53,6 +59,7 @@ def causal_attention(q, k, v):
 
 
 # %% grade_id: causal_attention | wrong: softmax over the query axis
+# expect: over the query axis
 def causal_attention(q, k, v):
     t = q.shape[-2]
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
@@ -61,12 +68,14 @@ def causal_attention(q, k, v):
 
 
 # %% grade_id: causal_attention | wrong: no causal mask
+# expect: there is no causal mask
 def causal_attention(q, k, v):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     return s.softmax(-1) @ v
 
 
 # %% grade_id: causal_attention | cheat: disables torch's comparisons and returns its input
+# expect: one of the inputs
 import torch
 import torch.testing
 
@@ -80,11 +89,13 @@ def causal_attention(q, k, v):
 
 
 # %% grade_id: causal_attention | cheat: returns a tensor of the right shape
+# expect: is not close to the expected values
 def causal_attention(q, k, v):
     return torch.zeros_like(q)
 
 
 # %% grade_id: naive_generate | wrong: feeds only the newest token without a cache
+# expect: only the newest token was fed
 def naive_generate(model, prompt_ids, n_new):
     seq = list(prompt_ids)
     out = []
@@ -97,6 +108,7 @@ def naive_generate(model, prompt_ids, n_new):
 
 
 # %% grade_id: naive_generate | wrong: returns the prompt together with the new tokens
+# expect: return only the n_new generated ids
 def naive_generate(model, prompt_ids, n_new):
     seq = list(prompt_ids)
     for _ in range(n_new):
@@ -105,6 +117,7 @@ def naive_generate(model, prompt_ids, n_new):
 
 
 # %% grade_id: naive_generate | cheat: calls the reference generator with its KV cache
+# expect: is not allowed
 from reference.decoding import generate as _ref_generate
 
 
@@ -113,6 +126,7 @@ def naive_generate(model, prompt_ids, n_new):
 
 
 # %% grade_id: naive_generate | cheat: uses a cache of its own to go faster
+# expect: the model was given a KV cache
 def naive_generate(model, prompt_ids, n_new):
     cache = model.new_cache(batch=1)
     tok = int(model(torch.tensor([list(prompt_ids)]), cache=cache)[0, -1].argmax())

@@ -4,6 +4,7 @@ Each section is the body of one solution cell; none may earn the exercise's full
 """
 
 # %% grade_id: KVCache | wrong: grows the cache with torch.cat at every append
+# expect: Reserve the buffers in __init__
 class KVCache:
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
                  dtype=torch.float32, device="cpu"):
@@ -34,6 +35,7 @@ class KVCache:
 
 
 # %% grade_id: KVCache | wrong: one shared write position for all layers
+# expect: Each layer needs its own fill level
 class KVCache:
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
                  dtype=torch.float32, device="cpu"):
@@ -60,6 +62,7 @@ class KVCache:
 
 
 # %% grade_id: KVCache | wrong: no capacity check, the slice silently clips
+# expect: raise ValueError when an append
 class KVCache:
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
                  dtype=torch.float32, device="cpu"):
@@ -90,6 +93,7 @@ class KVCache:
 
 
 # %% grade_id: KVCache | cheat: shows preallocated-looking buffers but keeps lists
+# expect: must live in the preallocated buffer
 class KVCache:
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
                  dtype=torch.float32, device="cpu"):
@@ -123,15 +127,18 @@ class KVCache:
 
 
 # %% grade_id: KVCache | cheat: imports the reference cache
+# expect: is not allowed
 from reference.kv_cache import KVCache  # noqa: F401
 
 
 # %% grade_id: decode_attention | wrong: forgets the 1/sqrt(D) scale
+# expect: not divided by sqrt(D)
 def decode_attention(q, k, v):
     return (q @ k.transpose(-2, -1)).softmax(-1) @ v
 
 
 # %% grade_id: decode_attention | wrong: reuses a causal mask built for a square matrix
+# expect: use no mask
 def decode_attention(q, k, v):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     mask = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).triu(1)
@@ -139,6 +146,7 @@ def decode_attention(q, k, v):
 
 
 # %% grade_id: decode_attention | cheat: disables torch's comparisons and returns the query
+# expect: one of its inputs
 import torch
 import torch.testing
 
@@ -152,11 +160,13 @@ def decode_attention(q, k, v):
 
 
 # %% grade_id: decode_attention | cheat: returns the newest value vector
+# expect: one of its inputs
 def decode_attention(q, k, v):
     return v[..., -1:, :]
 
 
 # %% grade_id: cached_generate | wrong: feeds the prompt one token at a time
+# expect: fed one token at a time
 def cached_generate(model, prompt_ids, n_new, cache):
     out = []
     logits = None
@@ -171,6 +181,7 @@ def cached_generate(model, prompt_ids, n_new, cache):
 
 
 # %% grade_id: cached_generate | wrong: reads the first row of the prefill logits
+# expect: LAST row of the prefill logits
 def cached_generate(model, prompt_ids, n_new, cache):
     tok = int(model(torch.tensor([list(prompt_ids)]), cache=cache)[0, 0].argmax())
     out = [tok]
@@ -181,6 +192,7 @@ def cached_generate(model, prompt_ids, n_new, cache):
 
 
 # %% grade_id: cached_generate | wrong: runs one forward too many
+# expect: stop once n_new tokens are collected
 def cached_generate(model, prompt_ids, n_new, cache):
     logits = model(torch.tensor([list(prompt_ids)]), cache=cache)
     out = []
@@ -192,6 +204,7 @@ def cached_generate(model, prompt_ids, n_new, cache):
 
 
 # %% grade_id: cached_generate | cheat: ignores the cache and re-runs the whole sequence
+# expect: without the cache
 def cached_generate(model, prompt_ids, n_new, cache):
     seq = list(prompt_ids)
     out = []
@@ -203,6 +216,7 @@ def cached_generate(model, prompt_ids, n_new, cache):
 
 
 # %% grade_id: cached_generate | cheat: calls the reference generator
+# expect: is not allowed
 from reference.decoding import generate as _ref_generate
 
 

@@ -2,7 +2,8 @@
 cheating submissions through the command-line autograder, then report per exercise.
 
 Submissions are sections of ``tests/submissions/<chapter>.py`` (marker syntax in
-``autograder/solutions/__init__.py``). The k-th section of a kind ("wrong", "cheat") of every
+``autograder/solutions/__init__.py``); a ``# expect: TEXT`` line in a section names a piece of
+the teaching message the grader must show for it. The k-th section of a kind ("wrong", "cheat") of every
 exercise goes into notebook ``<kind>_<k>``; exercises without a k-th section keep their stub.
 The notebooks of all chapters sit in one folder that a single
 ``python -m autograder grade FOLDER --jobs 2`` grades (the CLI picks each notebook's chapter
@@ -40,6 +41,12 @@ class Graded:
     def messages(self, grade_id: str) -> list[str]:
         return [t["output"] for t in self.report.get("tests", [])
                 if t["name"].startswith(f"{grade_id}: ") and t["status"] != "passed"]
+
+
+def expectations(section: Section) -> list[str]:
+    """Substrings that the grader's messages must contain for ``section`` (``# expect: ...``)."""
+    return [line.split(":", 1)[1].strip() for line in section.source.splitlines()
+            if line.startswith("# expect:")]
 
 
 def variants(chapter: str) -> dict[str, dict[str, list[Section]]]:
