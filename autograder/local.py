@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import torch.nn.functional as F
+from torch.nn import functional as F
 from torch import Tensor
 
 from autograder.errors import LearnerError, describe

@@ -19,7 +19,7 @@ import sys
 from importlib.abc import MetaPathFinder
 
 import torch
-import torch.nn.functional as F
+from torch.nn import functional as F
 from torch import Tensor
 
 from autograder.errors import describe

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
+from torch.nn import functional as F
 from torch import Tensor, nn
 
 from reference.kv_cache import KVCache
