@@ -59,6 +59,14 @@ def time_hf(hf, ids: list[int], n: int) -> tuple[float, list[int]]:
     return time.perf_counter() - start, out[0, len(ids):].tolist()
 
 
+def agreement(ours: list[int], theirs: list[int]) -> str:
+    """'yes' when the token lists are equal, else where they first differ."""
+    for i, (a, b) in enumerate(zip(ours, theirs)):
+        if a != b:
+            return f"until {i}"
+    return "yes" if len(ours) == len(theirs) else f"until {min(len(ours), len(theirs))}"
+
+
 def kv_bytes_read_per_step(model, context: int) -> int:
     """K and V bytes one decode step reads at a given context length (all layers, fp32)."""
     cfg = model.config
@@ -75,7 +83,7 @@ def bench_decode(token_counts: list[int], naive_max: int) -> None:
           f"weights: {weights / 2**20:.0f} MiB fp32   copy bandwidth: {bandwidth / 1e9:.1f} GB/s\n")
     time_ours(model, ids, 4, True), time_hf(hf, ids, 4)  # warm-up: allocator, thread pool
     header = (f"{'new':>5} {'naive tok/s':>12} {'cached tok/s':>13} {'HF tok/s':>9} "
-              f"{'cached/naive':>13} {'cached/HF':>10} {'same tokens':>12} "
+              f"{'cached/naive':>13} {'cached/HF':>10} {'same as HF':>12} "
               f"{'ms/token':>9} {'GB/s':>6} {'of copy':>8}")
     print(header)
     print("-" * len(header))
@@ -89,7 +97,7 @@ def bench_decode(token_counts: list[int], naive_max: int) -> None:
         naive_cell = f"{n / naive:12.1f}" if naive else f"{'(skipped)':>12}"
         ratio_naive = f"{naive / cached_s:12.1f}x" if naive else f"{'-':>13}"
         print(f"{n:>5} {naive_cell} {n / cached_s:13.1f} {n / hf_s:9.1f} {ratio_naive} "
-              f"{hf_s / cached_s:9.2f}x {str(cached_out == hf_out):>12} {step * 1e3:9.1f} "
+              f"{hf_s / cached_s:9.2f}x {agreement(cached_out, hf_out):>12} {step * 1e3:9.1f} "
               f"{achieved / 1e9:6.1f} {achieved / bandwidth:8.0%}")
     print("\ntok/s = new tokens / wall time of the whole call (prefill included); ms/token and "
           "GB/s are for one cached decode step (bytes = weights + K/V read at mid-generation).")

@@ -1,33 +1,36 @@
-"""Self-check of the chapter 02 grader through the command-line autograder.
+"""Self-check of every chapter grader through the command-line autograder.
 
-The untouched stub scores 0, the solutions score full marks, and every known-wrong or cheating
-submission in tests/submissions/ch02_kv_cache.py loses points on its exercise.
+For each chapter with submissions in tests/submissions/<chapter>.py: the untouched stub scores 0,
+the solutions score full marks, and every known-wrong or cheating submission loses points on its
+exercise and is told why (its `# expect:` text).
 """
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
-CHAPTER = "ch02_kv_cache"
+import selfcheck
 
-_spec = importlib.util.spec_from_file_location(
-    "_selfcheck_harness", Path(__file__).parent / "submissions" / "selfcheck.py")
-selfcheck = sys.modules.setdefault("_selfcheck_harness", importlib.util.module_from_spec(_spec))
-if not hasattr(selfcheck, "grade_chapter"):
-    _spec.loader.exec_module(selfcheck)
+CHAPTERS = sorted(p.stem for p in selfcheck.SUBMISSIONS.glob("ch[0-9][0-9]_*.py"))
+
+
+@pytest.fixture(scope="module", params=CHAPTERS)
+def chapter(request):
+    return request.param
 
 
 @pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    return selfcheck.graded_chapter(CHAPTER, tmp_path_factory)
+def graded(chapter, tmp_path_factory):
+    return selfcheck.graded_chapter(chapter, tmp_path_factory)
 
 
-def test_every_exercise_has_a_known_wrong_and_a_cheat():
-    kinds = selfcheck.variants(CHAPTER)
-    solutions = set(selfcheck.load_solutions(CHAPTER))
+def test_every_chapter_with_exercises_has_submissions():
+    exercises = {p.stem for p in (selfcheck.ROOT / "exercises").glob("ch[0-9][0-9]_*.ipynb")}
+    assert exercises and exercises == set(CHAPTERS)
+
+
+def test_every_exercise_has_a_known_wrong_and_a_cheat(chapter):
+    kinds = selfcheck.variants(chapter)
+    solutions = set(selfcheck.load_solutions(chapter))
     for kind in ("wrong", "cheat"):
         assert set(kinds.get(kind, {})) == solutions, f"{kind} variants missing for some exercise"
 
@@ -48,7 +51,7 @@ def test_solutions_score_full_marks(graded):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("kind", ["wrong", "cheat"])
-def test_known_wrong_and_cheating_submissions_lose_points(graded, kind):
+def test_known_wrong_and_cheating_submissions_lose_points(chapter, graded, kind):
     checked = 0
     for name, result in graded.items():
         if not name.startswith(kind + "_"):
@@ -62,5 +65,5 @@ def test_known_wrong_and_cheating_submissions_lose_points(graded, kind):
                     f"{name} `{gid}` ({section.label}): no failure message mentions {text!r}:\n"
                     + "\n".join(messages))
             checked += 1
-    assert checked == sum(len(v) for v in selfcheck.variants(CHAPTER)[kind].values())
+    assert checked == sum(len(v) for v in selfcheck.variants(chapter)[kind].values())
     print("\n" + selfcheck.describe({n: r for n, r in graded.items() if n.startswith(kind)}))

@@ -1,4 +1,4 @@
-"""Shared by tests/test_selfcheck_chNN.py: grade one chapter's stub, solutions, known-wrong and
+"""Used by tests/test_selfcheck.py: grade one chapter's stub, solutions, known-wrong and
 cheating submissions through the command-line autograder, then report per exercise.
 
 Submissions are sections of ``tests/submissions/<chapter>.py`` (marker syntax in
@@ -22,8 +22,8 @@ from pathlib import Path
 from autograder.notebook import inject, read_notebook
 from autograder.solutions import Section, load_solutions, split_sections
 
-ROOT = Path(__file__).resolve().parents[2]
-SUBMISSIONS = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]
+SUBMISSIONS = Path(__file__).resolve().parent / "submissions"
 
 
 @dataclass
