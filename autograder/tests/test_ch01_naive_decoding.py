@@ -13,6 +13,7 @@ import torch
 from torch.nn import functional as F
 
 from autograder.feedback import assert_close, assert_equal, assert_equal_tokens
+from autograder.inputs import generator, qkv, randint
 from autograder.plugin import exercise
 from autograder.refs import ModelRef
 from reference.decoding import generate, naive_work as reference_naive_work
@@ -21,13 +22,6 @@ from reference.model import build_tiny
 VOCAB = 256  # the tiny model's vocabulary (byte tokenizer)
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randint(gen: torch.Generator, low: int, high: int) -> int:
-    """An int drawn uniformly from [low, high] (both ends included)."""
-    return int(torch.randint(low, high + 1, (1,), generator=gen))
 
 
 # --------------------------------------------------------------------------- naive_work
@@ -91,10 +85,10 @@ def _check_naive_work(learner, prompt_len: int, n_new: int) -> None:
 
 @exercise("naive_work", points=2)
 def test_naive_work_matches_reference_on_random_lengths(learner, seed):
-    gen = _gen(seed)
-    cases = [(1, 0), (_randint(gen, 2, 50), 0), (1, 1), (_randint(gen, 2, 50), 1),
-             (1, _randint(gen, 2, 40))]
-    cases += [(_randint(gen, 1, 300), _randint(gen, 2, 300)) for _ in range(6)]
+    gen = generator(seed)
+    cases = [(1, 0), (randint(gen, 2, 50), 0), (1, 1), (randint(gen, 2, 50), 1),
+             (1, randint(gen, 2, 40))]
+    cases += [(randint(gen, 1, 300), randint(gen, 2, 300)) for _ in range(6)]
     for prompt_len, n_new in cases:
         _check_naive_work(learner, prompt_len, n_new)
 
@@ -107,7 +101,7 @@ def test_naive_work_triangle_of_one_token_prompt(learner, seed):
     assert_equal(got[0], 100 * 101 // 2, name="naive_work(1, 100)[0]",
                  hint="with a one-token prompt the projected positions form the triangle N(N+1)/2")
     # The same closed form must hold for any N, not only for the example in the book.
-    n = _randint(_gen(seed), 101, 2000)
+    n = randint(generator(seed), 101, 2000)
     _check_naive_work(learner, 1, n)
 
 
@@ -184,34 +178,31 @@ def _check_attention(learner, q, k, v, *, tol: float) -> None:
                  hint="softmax(q k^T / sqrt(D)) with s > t masked to -inf, then times v")
 
 
-def _qkv(gen, shape, dtype=torch.float32):
-    return tuple(torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype) for _ in range(3))
-
 
 @exercise("causal_attention", points=3)
 def test_causal_attention_matches_reference(learner, seed):
-    gen = _gen(seed)
-    shape = (_randint(gen, 1, 3), _randint(gen, 1, 4), _randint(gen, 5, 24), _randint(gen, 4, 32))
-    _check_attention(learner, *_qkv(gen, shape), tol=1e-5)
+    gen = generator(seed)
+    shape = (randint(gen, 1, 3), randint(gen, 1, 4), randint(gen, 5, 24), randint(gen, 4, 32))
+    _check_attention(learner, *qkv(gen, shape), tol=1e-5)
 
 
 @exercise("causal_attention", points=3)
 def test_causal_attention_any_leading_dims_and_one_token(learner, seed):
-    gen = _gen(seed + 1)
-    for shape in [(_randint(gen, 2, 12), _randint(gen, 2, 16)),        # no leading dims
-                  (2, 3, 2, _randint(gen, 2, 9), 8),                   # three leading dims
-                  (2, 1, 1, _randint(gen, 2, 16))]:                   # a single position
-        _check_attention(learner, *_qkv(gen, shape), tol=1e-5)
+    gen = generator(seed + 1)
+    for shape in [(randint(gen, 2, 12), randint(gen, 2, 16)),        # no leading dims
+                  (2, 3, 2, randint(gen, 2, 9), 8),                   # three leading dims
+                  (2, 1, 1, randint(gen, 2, 16))]:                   # a single position
+        _check_attention(learner, *qkv(gen, shape), tol=1e-5)
     # float64 in, float64 out, and then the answer is exact to many digits
-    _check_attention(learner, *_qkv(gen, (1, 2, _randint(gen, 3, 12), 8), torch.float64), tol=1e-10)
+    _check_attention(learner, *qkv(gen, (1, 2, randint(gen, 3, 12), 8), torch.float64), tol=1e-10)
 
 
 @exercise("causal_attention", points=3)
 def test_causal_attention_ignores_the_future(learner, seed):
-    gen = _gen(seed + 2)
-    n = _randint(gen, 6, 16)
-    cut = _randint(gen, 1, n - 2)
-    q, k, v = _qkv(gen, (2, 2, n, 8))
+    gen = generator(seed + 2)
+    n = randint(gen, 6, 16)
+    cut = randint(gen, 1, n - 2)
+    q, k, v = qkv(gen, (2, 2, n, 8))
     first = learner.call("causal_attention", q, k, v)
     advice = _diagnose_attention(first, q, k, v, "causal_attention")
     if advice:
@@ -234,7 +225,7 @@ def test_causal_attention_ignores_the_future(learner, seed):
 # ------------------------------------------------------------------------ naive_generate
 
 def _prompt(gen, low=1, high=10) -> list[int]:
-    n = _randint(gen, low, high)
+    n = randint(gen, low, high)
     return [int(t) for t in torch.randint(0, VOCAB, (n,), generator=gen)]
 
 
@@ -261,14 +252,14 @@ def _check_generate_tokens(learner, seed, prompt, n_new):
 
 @exercise("naive_generate", points=3)
 def test_naive_generate_matches_reference_tokens(learner, seed):
-    gen = _gen(seed)
-    _check_generate_tokens(learner, seed, _prompt(gen), _randint(gen, 3, 8))
+    gen = generator(seed)
+    _check_generate_tokens(learner, seed, _prompt(gen), randint(gen, 3, 8))
 
 
 @exercise("naive_generate", points=3)
 def test_naive_generate_reruns_the_whole_sequence(learner, seed):
-    gen = _gen(seed + 1)
-    prompt, n_new = _prompt(gen, 2, 8), _randint(gen, 3, 7)
+    gen = generator(seed + 1)
+    prompt, n_new = _prompt(gen, 2, 8), randint(gen, 3, 7)
     learner.call("naive_generate", ModelRef("tiny", seed), list(prompt), n_new)
     trace = [(tuple(shape), bool(cached)) for shape, cached in learner.last_trace]
     expected = [((1, len(prompt) + i), False) for i in range(n_new)]
@@ -298,6 +289,6 @@ def test_naive_generate_reruns_the_whole_sequence(learner, seed):
 
 @exercise("naive_generate", points=3)
 def test_naive_generate_one_token_and_a_longer_prompt(learner, seed):
-    gen = _gen(seed + 2)
-    _check_generate_tokens(learner, seed, _prompt(gen, 1, 1), _randint(gen, 2, 5))
+    gen = generator(seed + 2)
+    _check_generate_tokens(learner, seed, _prompt(gen, 1, 1), randint(gen, 2, 5))
     _check_generate_tokens(learner, seed, _prompt(gen, 20, 40), 1)

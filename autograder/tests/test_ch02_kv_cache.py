@@ -5,13 +5,13 @@ model kept here) on inputs drawn from ``torch.Generator().manual_seed(seed)``.
 """
 from __future__ import annotations
 
-import math
 
 import torch
 from torch.nn import functional as F
 
 from autograder.errors import LearnerError
 from autograder.feedback import assert_close, assert_equal, assert_equal_tokens
+from autograder.inputs import generator, qkv, randint
 from autograder.plugin import exercise
 from autograder.refs import CacheRef, ModelRef
 from reference.decoding import generate
@@ -20,13 +20,6 @@ from reference.model import build_tiny
 VOCAB = 256  # the tiny model's vocabulary
 
 
-def _gen(seed: int) -> torch.Generator:
-    return torch.Generator().manual_seed(seed)
-
-
-def _randint(gen: torch.Generator, low: int, high: int) -> int:
-    """An int drawn uniformly from [low, high] (both ends included)."""
-    return int(torch.randint(low, high + 1, (1,), generator=gen))
 
 
 def _close(a, b, tol=1e-6) -> bool:
@@ -65,7 +58,7 @@ class ListCache:
 
 def _dims(gen):
     """Random cache geometry: n_layers, batch, n_kv_heads, head_dim."""
-    return _randint(gen, 2, 4), _randint(gen, 1, 2), _randint(gen, 1, 3), _randint(gen, 2, 8)
+    return randint(gen, 2, 4), randint(gen, 1, 2), randint(gen, 1, 3), randint(gen, 2, 8)
 
 
 def _pair(result, what: str):
@@ -128,10 +121,10 @@ def _fill(learner, cache, model: ListCache, gen, n_layers, batch, heads, dim, st
 
 @exercise("KVCache", points=4)
 def test_kvcache_append_and_read_match_a_list_of_tensors(learner, seed):
-    gen = _gen(seed)
+    gen = generator(seed)
     n_layers, batch, heads, dim = _dims(gen)
-    steps = [_randint(gen, 2, 7)] + [1] * _randint(gen, 2, 5) + [_randint(gen, 2, 4), 1]
-    cache = learner.new("KVCache", n_layers, batch, heads, sum(steps) + _randint(gen, 0, 5), dim)
+    steps = [randint(gen, 2, 7)] + [1] * randint(gen, 2, 5) + [randint(gen, 2, 4), 1]
+    cache = learner.new("KVCache", n_layers, batch, heads, sum(steps) + randint(gen, 0, 5), dim)
     assert_equal(_length(learner, cache), 0, name="length of a new cache")
     model = ListCache(n_layers)
     _fill(learner, cache, model, gen, n_layers, batch, heads, dim, steps, torch.float32)
@@ -141,13 +134,13 @@ def test_kvcache_append_and_read_match_a_list_of_tensors(learner, seed):
 
 @exercise("KVCache", points=4)
 def test_kvcache_truncate_then_append_again(learner, seed):
-    gen = _gen(seed + 1)
+    gen = generator(seed + 1)
     n_layers, batch, heads, dim = _dims(gen)
     cache = learner.new("KVCache", n_layers, batch, heads, 32, dim)
     model = ListCache(n_layers)
-    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [_randint(gen, 4, 8), 1, 1, 1],
+    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [randint(gen, 4, 8), 1, 1, 1],
           torch.float32)
-    keep = _randint(gen, 1, model.length() - 1)
+    keep = randint(gen, 1, model.length() - 1)
     learner.method(cache, "truncate", keep)
     model.truncate(keep)
     assert_equal(_length(learner, cache), keep, name=f"length after truncate({keep})",
@@ -156,15 +149,15 @@ def test_kvcache_truncate_then_append_again(learner, seed):
         _compare_kv(learner.method(cache, "read", layer), model.read(layer),
                     f"read({layer}) after truncate({keep})", layer)
     # New tokens go right after the kept prefix, overwriting what was forgotten.
-    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [_randint(gen, 2, 3), 1],
+    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [randint(gen, 2, 3), 1],
           torch.float32)
 
 
 @exercise("KVCache", points=4)
 def test_kvcache_refuses_to_overflow(learner, seed):
-    gen = _gen(seed + 2)
+    gen = generator(seed + 2)
     n_layers, batch, heads, dim = _dims(gen)
-    max_len = _randint(gen, 3, 8)
+    max_len = randint(gen, 3, 8)
     cache = learner.new("KVCache", n_layers, batch, heads, max_len, dim)
     model = ListCache(n_layers)
     # Filling the cache exactly to max_len is allowed ...
@@ -188,9 +181,9 @@ def test_kvcache_refuses_to_overflow(learner, seed):
 
 @exercise("KVCache", points=4)
 def test_kvcache_buffers_are_allocated_once(learner, seed):
-    gen = _gen(seed + 3)
+    gen = generator(seed + 3)
     n_layers, batch, heads, dim = _dims(gen)
-    max_len = _randint(gen, 10, 20)
+    max_len = randint(gen, 10, 20)
     full = [n_layers, batch, heads, max_len, dim]
     cache = learner.new("KVCache", n_layers, batch, heads, max_len, dim, dtype=torch.float64)
     buffers = {}
@@ -213,7 +206,7 @@ def test_kvcache_buffers_are_allocated_once(learner, seed):
             raise AssertionError(f"KVCache(..., dtype=torch.float64) allocated `{name}` as "
                                  f"{buf.dtype}; use the dtype argument")
     model = ListCache(n_layers)
-    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [_randint(gen, 2, 5), 1, 1],
+    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [randint(gen, 2, 5), 1, 1],
           torch.float64)
     filled = model.length()
     for index, name in enumerate(("k", "v")):
@@ -267,35 +260,32 @@ def _check_decode(learner, q_all, k, v, tol):
                       "with q of shape [B, H, 1, D]")
 
 
-def _seq(gen, shape, dtype=torch.float32):
-    return tuple(torch.randn(shape, generator=gen, dtype=torch.float64).to(dtype) for _ in range(3))
-
 
 @exercise("decode_attention", points=2)
 def test_decode_attention_is_the_last_row_of_causal_attention(learner, seed):
-    gen = _gen(seed)
-    shape = (_randint(gen, 1, 3), _randint(gen, 1, 4), _randint(gen, 2, 40), _randint(gen, 4, 32))
-    _check_decode(learner, *_seq(gen, shape), tol=1e-5)
+    gen = generator(seed)
+    shape = (randint(gen, 1, 3), randint(gen, 1, 4), randint(gen, 2, 40), randint(gen, 4, 32))
+    _check_decode(learner, *qkv(gen, shape), tol=1e-5)
 
 
 @exercise("decode_attention", points=2)
 def test_decode_attention_one_position_long_cache_and_float64(learner, seed):
-    gen = _gen(seed + 1)
-    _check_decode(learner, *_seq(gen, (2, 3, 1, 8)), tol=1e-5)   # the cache holds one token
-    _check_decode(learner, *_seq(gen, (1, 2, _randint(gen, 200, 300), 16)), tol=1e-5)
-    _check_decode(learner, *_seq(gen, (1, 2, _randint(gen, 3, 20), 8), torch.float64), tol=1e-10)
+    gen = generator(seed + 1)
+    _check_decode(learner, *qkv(gen, (2, 3, 1, 8)), tol=1e-5)   # the cache holds one token
+    _check_decode(learner, *qkv(gen, (1, 2, randint(gen, 200, 300), 16)), tol=1e-5)
+    _check_decode(learner, *qkv(gen, (1, 2, randint(gen, 3, 20), 8), torch.float64), tol=1e-10)
 
 
 # ----------------------------------------------------------------------- cached_generate
 
 def _prompt(gen, low, high) -> list[int]:
-    n = _randint(gen, low, high)
+    n = randint(gen, low, high)
     return [int(t) for t in torch.randint(0, VOCAB, (n,), generator=gen)]
 
 
 def _cases(seed):
-    gen = _gen(seed)
-    return [(_prompt(gen, 2, 10), _randint(gen, 3, 8)), (_prompt(gen, 1, 1), _randint(gen, 2, 4)),
+    gen = generator(seed)
+    return [(_prompt(gen, 2, 10), randint(gen, 3, 8)), (_prompt(gen, 1, 1), randint(gen, 2, 4)),
             (_prompt(gen, 5, 20), 1)]
 
 
