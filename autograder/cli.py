@@ -81,7 +81,8 @@ def main(argv: list[str] | None = None) -> int:
     hide = [args.path if batch else args.path.parent, *(d for d in outputs if d)]
     options = dict(seed=seed, tests=args.tests, timeout=args.timeout, memory_mb=args.memory_mb,
                    hide=[d.resolve() for d in hide], isolate=not args.no_isolation)
-    print(f"seed {seed} (replay with --seed {seed})")
+    if batch:  # a single report already names its seed in its header
+        print(f"seed {seed} (replay with --seed {seed})")
     results = run_batch(paths, options, args.jobs)
     for path, result in zip(paths, results):
         print(f"{result.submission}: {result.score:g}/{result.max_score:g}" if args.quiet

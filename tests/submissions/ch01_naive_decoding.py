@@ -1,4 +1,4 @@
-"""Known-wrong and cheating submissions for chapter 01 (see tests/test_selfcheck_ch01.py).
+"""Known-wrong and cheating submissions for chapter 01 (see tests/test_selfcheck.py).
 
 Each section is the body of one solution cell. None of them may earn the exercise's full
 points. Sections of the same kind are graded in batches: the k-th "wrong" section of every

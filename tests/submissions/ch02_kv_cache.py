@@ -1,4 +1,4 @@
-"""Known-wrong and cheating submissions for chapter 02 (see tests/test_selfcheck_ch02.py).
+"""Known-wrong and cheating submissions for chapter 02 (see tests/test_selfcheck.py).
 
 Each section is the body of one solution cell; none may earn the exercise's full points.
 """
