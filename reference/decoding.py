@@ -87,7 +87,10 @@ def stream(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool
     """Yield new token ids one at a time (see `generate` for the arguments)."""
     check_request(model, prompt_ids, max_new_tokens)
     generator = torch.Generator()
-    generator.manual_seed(seed) if seed is not None else generator.seed()
+    if seed is None:
+        generator.seed()  # nondeterministic
+    else:
+        generator.manual_seed(seed)
     stats = stats if stats is not None else DecodeStats()
     stop = set(stop_ids or ())
     tokens = list(prompt_ids)

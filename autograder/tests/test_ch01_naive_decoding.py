@@ -22,8 +22,6 @@ from reference.model import build_tiny
 VOCAB = 256  # the tiny model's vocabulary (byte tokenizer)
 
 
-
-
 # --------------------------------------------------------------------------- naive_work
 
 def _as_pair(result, call: str) -> tuple[int, int]:
@@ -176,7 +174,6 @@ def _check_attention(learner, q, k, v, *, tol: float) -> None:
     assert_close(out.double(), expected, name=f"causal_attention(q, k, v) for shape {tuple(q.shape)}",
                  atol=tol, rtol=tol,
                  hint="softmax(q k^T / sqrt(D)) with s > t masked to -inf, then times v")
-
 
 
 @exercise("causal_attention", points=3)

@@ -20,8 +20,6 @@ from reference.model import build_tiny
 VOCAB = 256  # the tiny model's vocabulary
 
 
-
-
 def _close(a, b, tol=1e-6) -> bool:
     """Elementwise closeness computed by hand (learner code may have patched torch.allclose)."""
     if not isinstance(a, torch.Tensor) or tuple(a.shape) != tuple(b.shape):
@@ -258,7 +256,6 @@ def _check_decode(learner, q_all, k, v, tol):
                  name=f"decode_attention(q {list(shape)}, k/v {list(k.shape)})", atol=tol, rtol=tol,
                  hint="the output is the last row of causal attention: softmax(q k^T / sqrt(D)) v "
                       "with q of shape [B, H, 1, D]")
-
 
 
 @exercise("decode_attention", points=2)
