@@ -37,14 +37,13 @@ def split_regions(source: str) -> tuple[list[str], list[str], list[str]]:
     markers do not pair up."""
     fixed, indents, bodies, current, inside = [], [], [], [], False
     for number, line in enumerate(source.splitlines(keepends=True), 1):
-        marker = line.strip()
-        if marker == BEGIN:
+        if "BEGIN SOLUTION" in line:   # nbgrader's test: the text anywhere in the line
             if inside:
                 raise ValueError(f"line {number}: {BEGIN} inside an open solution region")
             fixed.append("".join(current))
             indents.append(line[:len(line) - len(line.lstrip())])
             current, inside = [], True
-        elif marker == END:
+        elif "END SOLUTION" in line:
             if not inside:
                 raise ValueError(f"line {number}: {END} without {BEGIN}")
             bodies.append("".join(current))
@@ -136,6 +135,8 @@ def structure_problems(nb: Mapping, points: Mapping[str, float]) -> list[str]:
     for i, cell in enumerate(cells):
         info = _nbgrader(cell)
         if not info.get("solution"):
+            if "BEGIN SOLUTION" in cell_source(cell) or "END SOLUTION" in cell_source(cell):
+                problems.append(f"cell {i}: nbgrader would cut out a solution region here")
             continue
         gid = info.get("grade_id")
         seen.add(gid)
