@@ -177,6 +177,10 @@ def test_zip_holds_the_scripts_and_grading_code_but_no_solutions(zip_path):
                     .splitlines() if line.strip() and not line.startswith("#")}
     assert requirements == {"numpy", "pytest", "tqdm"}   # no jupyter-book, torch comes apart
     assert archive.read("torch-requirement.txt").decode().startswith("torch")
+    for script in ("setup.sh", "run_autograder"):
+        check = subprocess.run(["bash", "-n"], input=archive.read(script).decode(), text=True,
+                               capture_output=True)
+        assert check.returncode == 0, f"{script}: {check.stderr}"
 
 
 @pytest.mark.parametrize("mode", MODES)
