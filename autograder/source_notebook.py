@@ -123,6 +123,28 @@ def source_notebook(chapter: str) -> dict:
     return filled_notebook(EXERCISES / f"{chapter}.ipynb", load_solutions(chapter))
 
 
+def solution_metadata(grade_id: str) -> dict:
+    """nbgrader metadata of a solution cell (no points: nbgrader ignores them there)."""
+    return {"solution": True, "grade": False, "locked": False, "grade_id": grade_id,
+            "schema_version": 3}
+
+
+def check_metadata(grade_id: str, points: float) -> dict:
+    """nbgrader metadata of the locked check cell that carries the exercise's points."""
+    return {"solution": False, "grade": True, "locked": True, "grade_id": f"{grade_id}_check",
+            "points": points, "schema_version": 3}
+
+
+def exercise_cells(grade_id: str, source: str, points: float) -> list[dict]:
+    """The two code cells of one exercise for a new chapter's notebook: the solution cell
+    (``source``: imports, the documented def/class, regions holding the stub) and its check."""
+    def code(text: str, metadata: dict) -> dict:
+        return {"cell_type": "code", "execution_count": None, "metadata": {"nbgrader": metadata},
+                "outputs": [], "source": text.splitlines(keepends=True)}
+    return [code(source, solution_metadata(grade_id)),
+            code(f"check({grade_id})", check_metadata(grade_id, points))]
+
+
 def structure_problems(nb: Mapping, points: Mapping[str, float]) -> list[str]:
     """What breaks the exercise-notebook convention (empty list when nothing does).
 
@@ -140,8 +162,7 @@ def structure_problems(nb: Mapping, points: Mapping[str, float]) -> list[str]:
             continue
         gid = info.get("grade_id")
         seen.add(gid)
-        if info != {"solution": True, "grade": False, "locked": False, "grade_id": gid,
-                    "schema_version": 3}:
+        if info != solution_metadata(gid):
             problems.append(f"{gid}: solution metadata {info}")
         source = cell_source(cell)
         try:
@@ -151,15 +172,18 @@ def structure_problems(nb: Mapping, points: Mapping[str, float]) -> list[str]:
             continue
         if not indents or any(b != stub_body(ind) for b, ind in zip(bodies, indents)):
             problems.append(f"{gid}: needs regions holding exactly the stub {STUB_LINES}")
-        tree = ast.parse(source)
+        try:
+            tree = ast.parse(source)
+        except SyntaxError as exc:
+            problems.append(f"{gid}: line {exc.lineno}: {exc.msg}")
+            continue
         defined = [n for n in tree.body if not isinstance(n, (ast.Import, ast.ImportFrom))]
         if [getattr(n, "name", None) for n in defined] != [gid] or \
                 not ast.get_docstring(defined[0]):
             problems.append(f"{gid}: the cell must hold imports and one documented def/class "
                             f"named {gid}")
         check = cells[i + 1] if i + 1 < len(cells) else {}
-        expected = {"solution": False, "grade": True, "locked": True,
-                    "grade_id": f"{gid}_check", "points": points.get(gid), "schema_version": 3}
+        expected = check_metadata(gid, points.get(gid))
         if cell_source(check).strip() != f"check({gid})" or _nbgrader(check) != expected:
             problems.append(f"{gid}: the next cell must be `check({gid})` with {expected}")
     problems += [f"{gid}: graded but has no solution cell" for gid in sorted(set(points) - seen)]

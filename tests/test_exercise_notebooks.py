@@ -21,8 +21,8 @@ from autograder.local import load_graders
 from autograder.notebook import solution_cells
 from autograder.plugin import REGISTRY
 from autograder.solutions import chapters, load_solutions
-from autograder.source_notebook import (BEGIN, END, fill, release, source_notebook,
-                                        split_regions, structure_problems)
+from autograder.source_notebook import (BEGIN, END, exercise_cells, fill, release,
+                                        source_notebook, split_regions, structure_problems)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = ROOT / "exercises"
@@ -76,6 +76,22 @@ def test_solutions_fit_their_cells_and_release_back_to_the_stub(chapter):
 def _without_markers(source: str) -> str:
     return "".join(line for line in source.splitlines(keepends=True)
                    if line.strip() not in (BEGIN, END)).rstrip("\n")
+
+
+def test_exercise_cells_build_a_notebook_that_follows_the_conventions():
+    stub = 'def f(x):\n    """Doc."""\n    ### BEGIN SOLUTION\n    # YOUR CODE HERE\n' \
+           '    raise NotImplementedError()\n    ### END SOLUTION'
+    nb = {"cells": exercise_cells("f", stub, 2)}
+    nbformat.validate(nbformat.from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+                                          "cells": [dict(c, id=f"c{i}") for i, c in
+                                                    enumerate(nb["cells"])]}))
+    assert structure_problems(nb, {"f": 2}) == []
+    assert structure_problems(nb, {"f": 3}) and structure_problems(nb, {"f": 2, "g": 1})
+    no_markers = "".join(line for line in stub.splitlines(keepends=True) if "SOLUTION" not in line)
+    assert structure_problems({"cells": exercise_cells("f", no_markers, 2)}, {"f": 2})
+    broken = structure_problems({"cells": exercise_cells("f", stub.replace("(x)", "(x"), 2)},
+                                {"f": 2})
+    assert broken == ["f: line 1: '(' was never closed"], broken
 
 
 def test_fill_names_the_text_a_solution_changed():
