@@ -200,7 +200,9 @@ def test_stub_scores_zero_out_of_full(zip_path, tmp_path, mode):
 
 
 @pytest.mark.parametrize("mode", [
-    "unshare",
+    pytest.param("unshare", marks=pytest.mark.skipif(
+        os.geteuid() != 0, reason="learner code is contained only when grading as root, as on "
+        "Gradescope and in CI")),
     pytest.param("no_sys_admin", marks=[
         *MODES[1].marks,
         pytest.mark.xfail(strict=False, reason="needs grader-core sandbox fallback")])])
