@@ -64,7 +64,7 @@ def checked(results: object) -> dict:
 
 def grade(root: Path, chapter: str, notebook: Path, workdir: Path) -> dict:
     """Run ``python -m autograder grade`` on a private copy of ``notebook``; its checked results."""
-    private = workdir / "submission" / "submission.ipynb"
+    private = workdir / "submission" / notebook.name   # the report names the student's file
     private.parent.mkdir()
     shutil.copyfile(notebook, private)
     out = workdir / "out" / "results.json"
