@@ -2,7 +2,8 @@
 model's prefill and decode steps land against them.
 
 Every figure is the median of repeated runs (robust to a neighbour stealing the CPU for one
-run). Thread count: whatever torch is set to when called (reported in the result).
+run). Thread count: whatever torch is set to when called (reported in the result). The machine
+measurements also run on a GPU (`device="cuda"`), where each run is synchronised before timing.
 """
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ class MachineRoofline:
     copy_bytes: int        # size of the copied tensor (each copy reads and writes it)
     matmul_size: int       # the square size whose median was fastest
     threads: int
+    device: str = "cpu"
+    matmul_dtype: str = "float32"
 
     @property
     def ridge(self) -> float:
@@ -28,50 +31,62 @@ class MachineRoofline:
         return self.matmul_flops / self.copy_bandwidth
 
 
-def _median_seconds(fn, budget: float, min_repeats: int = 3) -> float:
+def _median_seconds(fn, budget: float, min_repeats: int = 3, device: str = "cpu") -> float:
     """Median wall time of fn() over at least `min_repeats` runs, repeating while within budget."""
-    fn()  # warm-up: page faults, thread pool, allocator
+    def run():
+        fn()
+        if torch.device(device).type == "cuda":
+            torch.cuda.synchronize(device)
+
+    run()  # warm-up: page faults, thread pool, allocator, kernel selection
     times: list[float] = []
     deadline = time.perf_counter() + budget
     while len(times) < min_repeats or (time.perf_counter() < deadline and len(times) < 50):
         start = time.perf_counter()
-        fn()
+        run()
         times.append(time.perf_counter() - start)
     return statistics.median(times)
 
 
-def copy_bandwidth(n_bytes: int = 128 << 20, seconds: float = 1.0) -> float:
+def copy_bandwidth(n_bytes: int = 128 << 20, seconds: float = 1.0, device: str = "cpu") -> float:
     """Bytes/s of `dst.copy_(src)` on float32 tensors of n_bytes each: 2 * n_bytes per copy
     (the read of src and the write of dst), STREAM's convention."""
     if n_bytes < 4 or seconds <= 0:
         raise ValueError(f"need n_bytes >= 4 and seconds > 0, got {n_bytes}, {seconds}")
-    src = torch.ones(n_bytes // 4)
+    src = torch.ones(n_bytes // 4, device=device)
     dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / _median_seconds(lambda: dst.copy_(src), seconds)
+    return 2 * src.numel() * 4 / _median_seconds(lambda: dst.copy_(src), seconds, device=device)
 
 
-def matmul_flops(sizes: tuple[int, ...] = (256, 512, 1024), seconds: float = 1.0) -> tuple[float, int]:
-    """(FLOP/s, size) of the fastest median float32 square matmul among `sizes` (2 n^3 FLOPs each)."""
+def matmul_flops(sizes: tuple[int, ...] = (256, 512, 1024), seconds: float = 1.0, device: str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> tuple[float, int]:
+    """(FLOP/s, size) of the fastest median square matmul among `sizes` (2 n^3 FLOPs each)."""
     if not sizes or min(sizes) < 1 or seconds <= 0:
         raise ValueError(f"need positive sizes and seconds > 0, got {sizes}, {seconds}")
     gen = torch.Generator().manual_seed(0)
     best = (0.0, sizes[0])
     for n in sizes:
-        a, b = torch.randn(n, n, generator=gen), torch.randn(n, n, generator=gen)
-        out = torch.empty(n, n)
-        rate = 2 * n**3 / _median_seconds(lambda: torch.mm(a, b, out=out), seconds / len(sizes))
+        a, b = (torch.randn(n, n, generator=gen).to(device, dtype) for _ in range(2))
+        out = torch.empty(n, n, device=device, dtype=dtype)
+        rate = 2 * n**3 / _median_seconds(lambda: torch.mm(a, b, out=out), seconds / len(sizes),
+                                          device=device)
         best = max(best, (rate, n))
     return best
 
 
-def measure_machine(seconds: float = 2.0) -> MachineRoofline:
-    """Copy bandwidth and matmul FLOP/s of this machine, about `seconds` in total."""
+def measure_machine(seconds: float = 2.0, device: str = "cpu",
+                    dtype: torch.dtype = torch.float32) -> MachineRoofline:
+    """Copy bandwidth and `dtype` matmul FLOP/s of this machine (or of a GPU, device="cuda"),
+    about `seconds` in total. GPUs get larger tensors: their caches and peaks are larger."""
     if not seconds > 0:
         raise ValueError(f"seconds must be > 0, got {seconds}")
-    n_bytes = 128 << 20
-    bandwidth = copy_bandwidth(n_bytes, seconds / 2)
-    flops, size = matmul_flops(seconds=seconds / 2)
-    return MachineRoofline(bandwidth, flops, n_bytes, size, torch.get_num_threads())
+    on_gpu = torch.device(device).type == "cuda"
+    n_bytes = (1 << 30) if on_gpu else (128 << 20)
+    sizes = (2048, 4096, 8192) if on_gpu else (256, 512, 1024)
+    bandwidth = copy_bandwidth(n_bytes, seconds / 2, device)
+    flops, size = matmul_flops(sizes, seconds / 2, device, dtype)
+    return MachineRoofline(bandwidth, flops, n_bytes, size, torch.get_num_threads(), str(device),
+                           str(dtype).removeprefix("torch."))
 
 
 @dataclass(frozen=True)
@@ -97,7 +112,8 @@ def _fill_cache(cache, model, batch: int, context: int, gen: torch.Generator) ->
     """Put `context` random positions into every layer (decode timing does not depend on values)."""
     cfg = model.config
     for layer in range(cfg.n_layers):
-        k, v = (torch.randn(batch, cfg.n_kv_heads, context, cfg.head_dim, generator=gen) for _ in range(2))
+        k, v = (torch.randn(batch, cfg.n_kv_heads, context, cfg.head_dim, generator=gen)
+                .to(cache.k.device, cache.k.dtype) for _ in range(2))
         cache.append(layer, k, v)
 
 
@@ -113,27 +129,27 @@ def measure_model_points(model, *, prompt_len: int = 128, batches: tuple[int, ..
     if prompt_len < 1 or context < 1 or not batches or min(batches) < 1:
         raise ValueError("prompt_len, context and every batch size must be >= 1")
     cfg, gen = model.config, torch.Generator().manual_seed(0)
-    dtype = next(model.parameters()).dtype
-    prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=gen)
+    dtype, device = next(model.parameters()).dtype, next(model.parameters()).device
+    prompt = torch.randint(0, cfg.vocab_size, (1, prompt_len), generator=gen).to(device)
 
     def prefill():
         model(prompt, cache=model.new_cache(1, prompt_len))
 
     seconds_each = seconds / (1 + len(batches))
     points = [ModelPoint(f"prefill {prompt_len} tok", 1, prompt_len, 0,
-                         _median_seconds(prefill, seconds_each),
+                         _median_seconds(prefill, seconds_each, device=device),
                          forward_cost(cfg, batch=1, new_tokens=prompt_len, weight_dtype=dtype))]
     for batch in batches:
         cache = model.new_cache(batch, context + 1)
         _fill_cache(cache, model, batch, context, gen)
-        token = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen)
+        token = torch.randint(0, cfg.vocab_size, (batch, 1), generator=gen).to(device)
 
         def step():
             model(token, cache=cache)
             cache.truncate(context)
 
         points.append(ModelPoint(f"decode batch {batch}", batch, 1, context,
-                                 _median_seconds(step, seconds_each),
+                                 _median_seconds(step, seconds_each, device=device),
                                  forward_cost(cfg, batch=batch, new_tokens=1, context=context,
                                               weight_dtype=dtype)))
     return points

@@ -40,6 +40,9 @@ def matmul_intensity(m: int, k: int, n: int, dtype: str) -> float:
 
 
 # %% grade_id: attainable_flops
+import torch
+
+
 def attainable_flops(intensity, peak_flops: float, bandwidth: float):
     """The roofline: the FLOP/s a kernel of this arithmetic intensity can reach at best.
 
