@@ -188,3 +188,11 @@ def test_model_points_pair_a_measured_time_with_the_analytic_cost():
         assert math.isfinite(p.seconds) and p.seconds > 0 and p.achieved_flops > 0
         assert p.cost == rf.forward_cost(model.config, batch=p.batch, new_tokens=p.new_tokens,
                                          context=p.context, weight_dtype=torch.float32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_measure_machine_on_a_gpu_returns_positive_finite_ceilings():
+    machine = rf.measure_machine(seconds=0.5, device="cuda", dtype=torch.bfloat16)
+    assert machine.device == "cuda" and machine.matmul_dtype == "bfloat16"
+    for value in (machine.copy_bandwidth, machine.matmul_flops, machine.ridge):
+        assert math.isfinite(value) and value > 0
