@@ -76,6 +76,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, sm_sc
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
     n_q, n_k = q.shape[2], k.shape[2]
     out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    visible = causal_mask(n_q, n_k, q.device) if causal else None
     for h in range(q.shape[1]):
         k_h, v_h = k[:, h // group], v[:, h // group]                 # GQA: no copies
         for i in range(0, n_q, block_m):
@@ -85,8 +86,7 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, sm_sc
             for j in range(0, n_k, block_n):
                 s = q_tile @ k_h[:, j:j + block_n].transpose(-1, -2) * scale    # [B, bm, bn]
                 if causal:
-                    visible = causal_mask(n_q, n_k, q.device)[i:i + block_m, j:j + block_n]
-                    s = s.masked_fill(~visible, float("-inf"))
+                    s = s.masked_fill(~visible[i:i + block_m, j:j + block_n], float("-inf"))
                 s_max = s.amax(-1)                                        # -inf where a row sees no key here
                 p = torch.exp(s - torch.where(torch.isinf(s_max), 0.0, s_max)[..., None])
                 m, l, acc = merge_softmax_states((m, l, acc), (s_max, p.sum(-1), p @ v_h[:, j:j + block_n]))
