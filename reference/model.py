@@ -58,7 +58,7 @@ class RMSNorm(nn.Module):
 
 def rope_tables(head_dim: int, base: float, positions: Tensor) -> tuple[Tensor, Tensor]:
     """cos, sin of shape [T, head_dim // 2] for the given absolute positions [T]."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     return angles.cos().float(), angles.sin().float()
 

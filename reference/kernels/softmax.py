@@ -24,7 +24,7 @@ import triton.language as tl
 from reference.kernels import checks
 
 MAX_BLOCK = 16384        # columns held in registers at once (64 KiB of fp32 per row)
-LOG2E = 1.4426950408889634
+LOG2E = tl.constexpr(1.4426950408889634)   # a kernel may read a global only if it is a constexpr
 
 
 @triton.jit
