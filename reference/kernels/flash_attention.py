@@ -2,7 +2,7 @@
 
 Why. Plain attention writes the score matrix S = Q K^T [Nq, Nk] to HBM, reads it back for the
 softmax, writes P, and reads P again for P V: about 4 Nq Nk elements of traffic per head on
-top of Q, K, V and O. At N = 8192, fp16, that is 512 MiB per head against 4 MiB for Q, K, V
+top of Q, K, V and O. At N = 8192, D = 64, fp16 that is 512 MiB per head against 4 MiB for Q, K, V
 and O together. Flash attention never materialises S: one program owns a tile of BLOCK_M
 query rows, keeps it in registers, and streams K and V past it in tiles of BLOCK_N keys, with
 a running max m, sum l and unnormalised output acc per row (online softmax). HBM traffic per
@@ -179,7 +179,8 @@ def hbm_bytes(n_queries: int, n_keys: int, head_dim: int, element_bytes: int = 2
     """Analytic HBM traffic of one head's attention forward, in bytes.
 
     naive: read Q, K, V, write S, read S, write P, read P (for P V), write O.
-    flash: read Q once, K and V once per query tile of block_m rows, write O and the LSE.
+    flash: read Q once, K and V once per query tile of block_m rows, write O and the LSE (an
+    upper bound: on a GPU many of the K/V re-reads are served by the L2 cache).
     """
     qkvo = (2 * n_queries + 2 * n_keys) * head_dim * element_bytes
     naive = qkvo + 4 * n_queries * n_keys * element_bytes
