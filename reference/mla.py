@@ -80,9 +80,10 @@ class MLA(nn.Module):
         self.scale = 1.0 / math.sqrt(nope_dim + rope_dim)  # the head's query/key width, as in training
         self._absorbed: tuple[Tensor, Tensor] | None = None   # filled by absorb()
 
-    def absorb(self) -> None:
-        """Precompute the absorbed matrices once (call again after changing the weights)."""
-        self._absorbed = self.absorbed_weights()
+    def absorb(self, weights: tuple[Tensor, Tensor] | None = None) -> None:
+        """Precompute the absorbed matrices once (call again after changing the weights), or use
+        the given (w_uqk, w_ouv) pair instead."""
+        self._absorbed = weights if weights is not None else self.absorbed_weights()
 
     @torch.no_grad()
     def absorbed_weights(self) -> tuple[Tensor, Tensor]:

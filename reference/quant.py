@@ -112,6 +112,17 @@ def error_bound(x: Tensor, q: QuantizedTensor) -> Tensor:
     return scale / 2 + slack
 
 
+def int8_quantize_kv(k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The exercise's plain form of KIVI int8: k, v [B, H, T, D] -> (k_codes, k_scale [B, H, 1, D],
+    v_codes, v_scale [B, H, T, 1]); float32 scales max|x| / 127 (no fp16 rounding, no groups):
+    keys per channel over all T tokens, values per token over all D channels."""
+    k_scale = k.float().abs().amax(dim=2, keepdim=True) / 127
+    v_scale = v.float().abs().amax(dim=3, keepdim=True) / 127
+    k_codes = torch.round(k / k_scale).clamp(-127, 127).to(torch.int8)
+    v_codes = torch.round(v / v_scale).clamp(-127, 127).to(torch.int8)
+    return k_codes, k_scale, v_codes, v_scale
+
+
 @dataclass(frozen=True)
 class KVFormat:
     """How a cache stores K and V. fmt: "fp32", "fp16", "bf16" (plain casts) or one of LEVELS.
@@ -244,6 +255,7 @@ def evaluate_kv_formats(model, tok, text: str, n_tokens: int = 128,
     v_error (per layer: relative Frobenius error ||x̂ - x|| / ||x|| of the fp32 cache's K and V
     after a prefill of ``text``, over its complete key groups), nll (mean next-token negative
     log-likelihood of ``text`` read through the format's cache) and delta_nll (minus fp32's),
+    top1_agreement (fraction of the text's positions whose most likely next token is fp32's),
     agreement (fraction of the ``n_tokens`` greedy tokens after ``text`` equal to fp32-cache
     greedy tokens, position by position) and first_divergence (index of the first different
     token, None if all agree). Cost: one prefill and ``n_tokens`` decode steps per format.
@@ -258,7 +270,8 @@ def evaluate_kv_formats(model, tok, text: str, n_tokens: int = 128,
     def nll(logits: Tensor) -> float:
         return float(torch.nn.functional.cross_entropy(logits[0, :-1], targets))
 
-    base_nll = nll(model(ids, cache=reference_cache))
+    base_logits = model(ids, cache=reference_cache)
+    base_nll, base_top1 = nll(base_logits), base_logits[0].argmax(-1)
     layers = [reference_cache.read(layer) for layer in range(cfg.n_layers)]
     base_tokens = _greedy(model, ids, n_tokens, KVCache(*dims))
     rows = []
@@ -267,11 +280,13 @@ def evaluate_kv_formats(model, tok, text: str, n_tokens: int = 128,
         whole = T - T % fmt.group_size
         k_error = [_relative_error(fmt.roundtrip_keys(k[:, :, :whole]), k[:, :, :whole]) for k, _ in layers]
         v_error = [_relative_error(fmt.roundtrip_values(v), v) for _, v in layers]
-        value = nll(model(ids, cache=QuantizedKVCache(*dims, kv_format=fmt)))
+        logits = model(ids, cache=QuantizedKVCache(*dims, kv_format=fmt))
+        value, top1 = nll(logits), float((logits[0].argmax(-1) == base_top1).float().mean())
         tokens = base_tokens if fmt.fmt == "fp32" else _greedy(model, ids, n_tokens, QuantizedKVCache(*dims, kv_format=fmt))
         same = [a == b for a, b in zip(tokens, base_tokens)]
         rows.append(dict(format=name, bytes_per_token=fmt.bytes_per_token(cfg.n_layers, cfg.n_kv_heads, cfg.head_dim),
                          k_error=k_error, v_error=v_error, nll=value, delta_nll=value - base_nll,
+                         top1_agreement=top1,
                          agreement=sum(same) / n_tokens, tokens=tokens,
                          first_divergence=None if all(same) else same.index(False)))
     return rows

@@ -113,6 +113,7 @@ def test_evaluate_kv_formats_on_the_tiny_model():
     assert [r["format"] for r in rows] == names
     base, int8, int4 = rows
     assert base["delta_nll"] == 0 and base["agreement"] == 1 and base["first_divergence"] is None
+    assert base["top1_agreement"] == 1 and 0 <= int4["top1_agreement"] <= 1
     assert len(int8["k_error"]) == model.config.n_layers
     assert max(base["k_error"]) == 0 and 0 < max(int8["k_error"]) < max(int4["k_error"])
     assert base["bytes_per_token"] > int8["bytes_per_token"] > int4["bytes_per_token"]
