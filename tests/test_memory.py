@@ -10,6 +10,7 @@ import torch
 from reference.kv_cache import KVCache
 from reference.memory import (GPUS, MODELS, kv_cache_bytes, kv_cache_bytes_for,
                               max_concurrent_sequences, mla_kv_bytes, model, tensor_bytes)
+from reference.hardware import gpu
 from reference.model import TINY
 
 GiB, GB, KiB = 2**30, 10**9, 2**10
@@ -164,6 +165,9 @@ def test_gpu_table():
         assert g.fp8_flops is None or g.fp8_flops == pytest.approx(2 * g.fp16_flops, rel=0.01)
     with pytest.raises(Exception):
         GPUS["H100 SXM"].sms = 1   # frozen
+    assert gpu("H200") is GPUS["H200"] and GPUS["B200"].sram_bytes == 148 * 256 * 1024
+    with pytest.raises(ValueError, match="H100 SXM"):
+        gpu("V100")
 
 
 def test_tiny_cache_buffers_equal_the_formula():
