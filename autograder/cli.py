@@ -19,8 +19,8 @@ def parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
     g = sub.add_parser("grade", help="grade a notebook or a folder of notebooks")
     g.add_argument("path", type=Path, help="a .ipynb file or a folder (searched recursively)")
-    g.add_argument("--json", type=Path, help="results.json (one notebook) or a directory "
-                   "receiving one <submission>.json per notebook (folder)")
+    g.add_argument("--json", type=Path, help="results file (a name ending in .json, for one "
+                   "notebook) or a directory receiving one <submission>.json per notebook")
     g.add_argument("--csv", type=Path, help="CSV of points: one row per submission")
     g.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel")
     g.add_argument("--timeout", type=float, default=10, help="seconds per learner call")
@@ -28,10 +28,41 @@ def parser() -> argparse.ArgumentParser:
                    "learner's process")
     g.add_argument("--seed", type=int, help="seed of the random test inputs (default: random)")
     g.add_argument("--tests", type=Path, help="grader file to use instead of the chapter's")
+    g.add_argument("--chapter", help="grade as this chapter (ch01 or ch01_naive_decoding), "
+                   "whatever the notebook's metadata or file name say")
+    g.add_argument("--hide", type=Path, action="append", default=[], help="another directory "
+                   "the learner's process must not see (repeatable)")
     g.add_argument("--no-isolation", action="store_true", help="run the learner's process "
                    "without namespaces even as root (debugging only)")
     g.add_argument("--quiet", action="store_true", help="print only the total per submission")
+    s = sub.add_parser("source-notebook", help="write the nbgrader source notebook of a chapter "
+                       "(exercise notebook with the solutions between the markers)")
+    s.add_argument("chapter", help="ch01 or ch01_naive_decoding")
+    s.add_argument("-o", "--output", type=Path, required=True, help="directory to write into")
+    z = sub.add_parser("gradescope", help="build the Gradescope autograder zip of a chapter")
+    z.add_argument("chapter", help="ch01 or ch01_naive_decoding")
+    z.add_argument("-o", "--output", type=Path, required=True, help="directory to write into")
     return p
+
+
+def instructor_command(args: argparse.Namespace) -> int:
+    """``source-notebook`` and ``gradescope``: write a file, print its path."""
+    from autograder import gradescope_zip
+    try:
+        chapter = gradescope_zip.resolve_chapter(args.chapter)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
+    if args.command == "gradescope":
+        print(gradescope_zip.build(chapter, args.output))
+        return 0
+    import json
+    from autograder.source_notebook import source_notebook
+    args.output.mkdir(parents=True, exist_ok=True)
+    path = args.output / f"{chapter}.ipynb"
+    path.write_text(json.dumps(source_notebook(chapter), indent=1, ensure_ascii=False) + "\n")
+    print(path)
+    return 0
 
 
 def submissions(path: Path) -> list[Path]:
@@ -70,15 +101,28 @@ def run_batch(paths: list[Path], options: dict, jobs: int) -> list["SubmissionRe
 def main(argv: list[str] | None = None) -> int:
     """Entry point; returns the exit status (0 when grading ran, even with low scores)."""
     args = parser().parse_args(argv)
+    if args.command != "grade":
+        return instructor_command(args)
     from autograder import report
+    if args.chapter:
+        from autograder.gradescope_zip import resolve_chapter
+        from autograder.grading import grader_file
+        try:
+            args.tests = grader_file(resolve_chapter(args.chapter))
+        except ValueError as exc:
+            print(exc, file=sys.stderr)
+            return 2
     paths = submissions(args.path)
     if not paths:
         print(f"no notebooks found at {args.path}", file=sys.stderr)
         return 2
     seed = secrets.randbelow(2**31) if args.seed is None else args.seed
     batch = args.path.is_dir()
+    if args.json and not batch and (args.json.is_dir() or args.json.suffix != ".json"):
+        # one notebook and a directory (existing, or a name without .json): DIR/<notebook>.json
+        args.json = args.json / json_name(args.path, args.path.parent)
     outputs = [args.json if batch else args.json and args.json.parent, args.csv and args.csv.parent]
-    hide = [args.path if batch else args.path.parent, *(d for d in outputs if d)]
+    hide = [args.path if batch else args.path.parent, *(d for d in outputs if d), *args.hide]
     options = dict(seed=seed, tests=args.tests, timeout=args.timeout, memory_mb=args.memory_mb,
                    hide=[d.resolve() for d in hide], isolate=not args.no_isolation)
     if batch:  # a single report already names its seed in its header

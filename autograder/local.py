@@ -132,3 +132,5 @@ def check(obj: Any, seed: int | None = None) -> None:
             print(f"  ✓ {test.__name__:<40} {share:g}/{share:g}")
     print(f"  {total:g}/{exercise.points:g} points" + ("  — all tests pass!" if
           total == exercise.points else ""))
+    if total < exercise.points:  # a failing check cell is what nbgrader scores as 0
+        raise AssertionError(f"{name}: {total:g}/{exercise.points:g} points, see the ✗ lines above")

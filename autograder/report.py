@@ -51,9 +51,12 @@ def gradescope(result: SubmissionResult) -> dict:
                       "max_score": round(o.max_score, 4),
                       "status": "passed" if o.passed else "failed", "output": output.strip(),
                       "visibility": "visible"})
-    return {"score": round(result.score, 4), "max_score": round(result.max_score, 4),
-            "execution_time": round(result.seconds, 2), "output": header(result),
-            "visibility": "visible", "stdout_visibility": "hidden", "tests": tests}
+    # Only keys of Gradescope's results.json spec; what it has no key for goes in extra_data.
+    return {"score": round(result.score, 4), "execution_time": round(result.seconds, 2),
+            "output": header(result), "output_format": "text", "visibility": "visible",
+            "stdout_visibility": "hidden", "tests": tests,
+            "extra_data": {"max_score": round(result.max_score, 4), "seed": result.seed,
+                           "chapter": result.chapter}}
 
 
 def write_json(result: SubmissionResult, path: str | Path) -> None:

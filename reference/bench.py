@@ -1,6 +1,7 @@
 """Benchmarks, run side by side in one process so that ratios are meaningful.
 
     python -m reference.bench decode [--tokens 32 128 512] [--naive-max 128] [--threads N]
+    python -m reference.bench kernels [--quick] [--json PATH]     (reference/kernels/bench.py)
 
 `decode` times greedy generation at batch 1 on SmolLM2-135M-Instruct three ways: the naive loop
 (chapter 01), our KV-cached loop (chapter 02) and Hugging Face `generate` on the same weights
@@ -11,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import torch
@@ -104,6 +106,10 @@ def bench_decode(token_counts: list[int], naive_max: int) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["kernels"]:  # chapters 05-07: the Triton kernels have their own options
+        from reference.kernels.bench import main as bench_kernels
+        return bench_kernels(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m reference.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
     dec = sub.add_parser("decode", help="naive vs cached vs HF generate, batch 1")
@@ -111,6 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     dec.add_argument("--naive-max", type=int, default=128,
                      help="skip the naive loop above this many new tokens (its cost grows as N^2)")
     dec.add_argument("--threads", type=int, default=None)
+    sub.add_parser("kernels", help="Triton kernels vs PyTorch (see python -m reference.bench kernels --help)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

@@ -58,7 +58,7 @@ class RMSNorm(nn.Module):
 
 def rope_tables(head_dim: int, base: float, positions: Tensor) -> tuple[Tensor, Tensor]:
     """cos, sin of shape [T, head_dim // 2] for the given absolute positions [T]."""
-    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64) / head_dim)
+    inv_freq = base ** (-torch.arange(0, head_dim, 2, dtype=torch.float64, device=positions.device) / head_dim)
     angles = positions.to(torch.float64)[:, None] * inv_freq[None, :]
     return angles.cos().float(), angles.sin().float()
 
@@ -79,6 +79,7 @@ class Attention(nn.Module):
         self.split = (cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim)
         self.qkv_proj = nn.Linear(cfg.d_model, sum(self.split), bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.backend = "sdpa"  # or "triton": reference.kernels (see reference.kernels.model_backend)
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, positions: Tensor,
                 cache: KVCache | None, layer: int) -> Tensor:
@@ -91,6 +92,9 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None:
             k, v = cache.append(layer, k, v)  # views of the whole cached prefix [B, H_kv, S, D]
+        if self.backend == "triton":  # assumes positions are the last T of the S cached ones
+            from reference.kernels.model_backend import kernel_attention
+            return self.o_proj(kernel_attention(q, k, v).transpose(1, 2).reshape(B, T, -1))
         S = k.shape[2]
         # Key j is visible to the query at position p when j <= p. A single query at the end of
         # the cache sees everything, so decode needs no mask at all.

@@ -134,7 +134,8 @@ def test_local_learner_and_check_report_points(capsys):
 
     def add(a, b):
         raise NotImplementedError()
-    check(add)
+    with pytest.raises(AssertionError, match="add: 0/2 points"):
+        check(add)
     out = capsys.readouterr().out
     assert "✗ test_add_ints" in out and "not implemented yet" in out and "0/2 points" in out
     check(namespace["last_logits"])

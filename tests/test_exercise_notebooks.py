@@ -1,15 +1,16 @@
-"""The exercise notebooks: structure, agreement with the graders, and a full run with solutions.
+"""The exercise notebooks: nbgrader source notebooks that agree with the graders and solutions.
 
-* every solution cell carries the nbgrader metadata of CONTRIBUTING.md, defines exactly its
-  grade_id, is a stub, and is followed by its locked ``check(<name>)`` cell;
-* the points of each solution cell equal the grader's ``@exercise`` points, every grade_id has
-  grader tests and a solution section, and every graded exercise of the chapter has a cell;
-* with the solutions injected, each notebook runs top to bottom in a Jupyter kernel and every
-  check cell reports that all its tests pass.
+* every solution cell has the solution metadata (no points), regions holding the stub between
+  nbgrader's markers, imports plus one documented def/class named after its grade_id, and is
+  followed by its locked ``check(<name>)`` cell carrying the grader's points
+  (``autograder.source_notebook.structure_problems``);
+* every graded exercise has a cell, every cell a grader and a solution section whose text
+  outside the regions (imports, signatures, docstrings) is the cell's own;
+* with the solutions filled in between the markers, each notebook runs top to bottom in a
+  Jupyter kernel and every check cell reports that all its tests pass.
 """
 from __future__ import annotations
 
-import ast
 import json
 from pathlib import Path
 
@@ -17,9 +18,11 @@ import nbformat
 import pytest
 
 from autograder.local import load_graders
-from autograder.notebook import inject, solution_cells
+from autograder.notebook import solution_cells
 from autograder.plugin import REGISTRY
 from autograder.solutions import chapters, load_solutions
+from autograder.source_notebook import (BEGIN, END, exercise_cells, fill, release,
+                                        source_notebook, split_regions, structure_problems)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXERCISES = ROOT / "exercises"
@@ -28,11 +31,6 @@ CHAPTERS = chapters()
 
 def _notebook(chapter: str) -> dict:
     return json.loads((EXERCISES / f"{chapter}.ipynb").read_text())
-
-
-def _source(cell) -> str:
-    src = cell.get("source", "")
-    return "".join(src) if isinstance(src, list) else src
 
 
 def _graded_exercises(chapter: str) -> dict[str, float]:
@@ -55,46 +53,56 @@ def test_notebook_structure_follows_the_conventions(chapter):
     nb = _notebook(chapter)
     nbformat.validate(nbformat.reads(json.dumps(nb), as_version=4))
     assert nb["metadata"].get("course", {}).get("chapter") == chapter
-    cells = nb["cells"]
-    for cell in cells:
+    for cell in nb["cells"]:
         if cell["cell_type"] == "code":
             assert not cell.get("outputs") and cell.get("execution_count") is None, \
                 "exercise notebooks are committed without outputs"
-    solutions = 0
-    for i, cell in enumerate(cells):
-        info = cell.get("metadata", {}).get("nbgrader")
-        if not info or not info.get("solution"):
-            continue
-        solutions += 1
-        gid = info["grade_id"]
-        assert info == {"solution": True, "grade": False, "locked": False, "grade_id": gid,
-                        "points": info["points"], "schema_version": 3}, info
-        src = _source(cell)
-        assert "# YOUR CODE HERE" in src and "raise NotImplementedError()" in src, gid
-        tree = ast.parse(src)
-        defined = [n.name for n in tree.body if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
-        assert defined == [gid], f"the cell of {gid} defines {defined}"
-        assert ast.get_docstring(tree.body[0]), f"{gid} needs a docstring (shapes and contract)"
-        check = cells[i + 1]
-        assert check["cell_type"] == "code" and _source(check).strip() == f"check({gid})"
-        assert check["metadata"]["nbgrader"] == {
-            "solution": False, "grade": True, "locked": True, "grade_id": f"{gid}_check",
-            "points": 0, "schema_version": 3}
-    assert solutions, f"{chapter} has no solution cells"
+    graded = _graded_exercises(chapter)
+    assert graded, f"no grader exercises for {chapter}"
+    assert structure_problems(nb, graded) == []
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)
-def test_points_and_grade_ids_agree_with_graders_and_solutions(chapter):
-    cells = {c["metadata"]["nbgrader"]["grade_id"]: c["metadata"]["nbgrader"]["points"]
-             for c in _notebook(chapter)["cells"]
-             if c.get("metadata", {}).get("nbgrader", {}).get("solution")}
-    graded = _graded_exercises(chapter)
-    assert set(cells) == set(graded), (
-        f"notebook grade_ids {sorted(cells)} vs grader exercises {sorted(graded)}")
-    for gid, points in cells.items():
-        assert REGISTRY[gid].tests, f"{gid} has no grader test"
-        assert points == graded[gid], f"{gid}: notebook says {points} points, grader {graded[gid]}"
-    assert set(load_solutions(chapter)) == set(cells), "solution sections != solution cells"
+def test_solutions_fit_their_cells_and_release_back_to_the_stub(chapter):
+    cells = dict(solution_cells(_notebook(chapter)))
+    solutions = load_solutions(chapter)
+    assert set(solutions) == set(cells), "solution sections != solution cells"
+    for gid, stub in cells.items():
+        filled = fill(stub, solutions[gid])   # raises if imports/signature/docstring differ
+        assert release(filled) == release(stub) == _without_markers(stub), gid
+        assert _without_markers(filled) == solutions[gid].rstrip("\n"), gid
+
+
+def _without_markers(source: str) -> str:
+    return "".join(line for line in source.splitlines(keepends=True)
+                   if line.strip() not in (BEGIN, END)).rstrip("\n")
+
+
+def test_exercise_cells_build_a_notebook_that_follows_the_conventions():
+    stub = 'def f(x):\n    """Doc."""\n    ### BEGIN SOLUTION\n    # YOUR CODE HERE\n' \
+           '    raise NotImplementedError()\n    ### END SOLUTION'
+    nb = {"cells": exercise_cells("f", stub, 2)}
+    nbformat.validate(nbformat.from_dict({"nbformat": 4, "nbformat_minor": 5, "metadata": {},
+                                          "cells": [dict(c, id=f"c{i}") for i, c in
+                                                    enumerate(nb["cells"])]}))
+    assert structure_problems(nb, {"f": 2}) == []
+    assert structure_problems(nb, {"f": 3}) and structure_problems(nb, {"f": 2, "g": 1})
+    no_markers = "".join(line for line in stub.splitlines(keepends=True) if "SOLUTION" not in line)
+    assert structure_problems({"cells": exercise_cells("f", no_markers, 2)}, {"f": 2})
+    broken = structure_problems({"cells": exercise_cells("f", stub.replace("(x)", "(x"), 2)},
+                                {"f": 2})
+    assert broken == ["f: line 1: '(' was never closed"], broken
+
+
+def test_fill_names_the_text_a_solution_changed():
+    stub = 'def f(x):\n    """Doc."""\n    ### BEGIN SOLUTION\n    # YOUR CODE HERE\n' \
+           '    raise NotImplementedError()\n    ### END SOLUTION'
+    assert split_regions(fill(stub, 'def f(x):\n    """Doc."""\n    return x\n'))[2] == \
+        ["    return x\n"]
+    with pytest.raises(ValueError, match="does not start with"):
+        fill(stub, 'def f(x, y):\n    """Doc."""\n    return x\n')
+    with pytest.raises(ValueError, match="never closed"):
+        split_regions("x = 1\n### BEGIN SOLUTION\n")
 
 
 @pytest.mark.slow
@@ -103,7 +111,7 @@ def test_notebook_runs_with_solutions_and_every_check_passes(chapter, monkeypatc
     from nbclient import NotebookClient
 
     monkeypatch.setenv("COURSE_DEMO_MODEL", "tiny")   # the optional demo cell uses the toy model
-    nb = inject(EXERCISES / f"{chapter}.ipynb", load_solutions(chapter))
+    nb = source_notebook(chapter)   # the solutions between the markers
     nb = nbformat.reads(json.dumps(nb), as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name="python3",
                             resources={"metadata": {"path": str(ROOT)}})

