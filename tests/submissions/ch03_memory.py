@@ -1,0 +1,159 @@
+"""Known-wrong and cheating submissions for chapter 03 (see tests/test_selfcheck.py).
+
+Each section is the body of one solution cell; none may earn the exercise's full points.
+"""
+
+# %% grade_id: kv_cache_bytes | wrong: forgets that K and V are two tensors
+# expect: the factor 2
+def kv_cache_bytes(layers, kv_heads, head_dim, tokens, batch=1, dtype="fp16"):
+    bits = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
+    if dtype not in bits or min(layers, kv_heads, head_dim, tokens, batch) < 0:
+        raise ValueError("bad input")
+    return -(-layers * kv_heads * head_dim * tokens * batch * bits[dtype] // 8)
+
+
+# %% grade_id: kv_cache_bytes | wrong: counts int4 as a whole byte and accepts anything
+# expect: byte(s) per element
+def kv_cache_bytes(layers, kv_heads, head_dim, tokens, batch=1, dtype="fp16"):
+    size = {"fp32": 4, "fp16": 2, "bf16": 2}.get(dtype, 1)
+    return 2 * layers * kv_heads * head_dim * tokens * batch * size
+
+
+# %% grade_id: kv_cache_bytes | cheat: imports the reference implementation
+# expect: is not allowed
+from reference.memory import kv_cache_bytes  # noqa: F401
+
+
+# %% grade_id: mla_kv_bytes | wrong: keeps the factor 2 of K and V
+# expect: no factor 2
+def mla_kv_bytes(layers, latent_dim, rope_dim, tokens, batch=1, dtype="fp16"):
+    bits = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}[dtype]
+    return 2 * layers * (latent_dim + rope_dim) * tokens * batch * bits // 8
+
+
+# %% grade_id: mla_kv_bytes | wrong: forgets the decoupled RoPE key
+# expect: decoupled RoPE key
+def mla_kv_bytes(layers, latent_dim, rope_dim, tokens, batch=1, dtype="fp16"):
+    bits = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}[dtype]
+    return layers * latent_dim * tokens * batch * bits // 8
+
+
+# %% grade_id: mla_kv_bytes | cheat: reads the reference source by path and runs it
+# expect: mla_kv_bytes
+import pathlib
+
+for _folder in (pathlib.Path.cwd(), *pathlib.Path.cwd().parents, pathlib.Path("/work/main")):
+    _file = _folder / "reference" / "memory.py"
+    if _file.exists():
+        _namespace = {}
+        _source = _file.read_text().replace("from reference.hardware import GPUS, GPU", "GPUS = GPU = None")
+        exec(compile(_source, str(_file), "exec"), _namespace)
+        mla_kv_bytes = _namespace["mla_kv_bytes"]
+        break
+
+
+# %% grade_id: max_concurrent_sequences | wrong: divides without rounding down
+# expect: whole number
+def max_concurrent_sequences(gpu_bytes, weight_bytes, per_token_bytes, tokens_per_seq, overhead_bytes=0):
+    if per_token_bytes <= 0 or tokens_per_seq <= 0:
+        raise ValueError("must be positive")
+    return max(gpu_bytes - weight_bytes - overhead_bytes, 0) / (per_token_bytes * tokens_per_seq)
+
+
+# %% grade_id: max_concurrent_sequences | wrong: lets the count go negative when the weights do not fit
+# expect: not a negative count
+def max_concurrent_sequences(gpu_bytes, weight_bytes, per_token_bytes, tokens_per_seq, overhead_bytes=0):
+    if per_token_bytes <= 0 or tokens_per_seq <= 0:
+        raise ValueError("must be positive")
+    return (gpu_bytes - weight_bytes - overhead_bytes) // (per_token_bytes * tokens_per_seq)
+
+
+# %% grade_id: max_concurrent_sequences | cheat: imports the autograder to find the expected values
+# expect: is not allowed
+import autograder  # noqa: F401
+from reference.memory import max_concurrent_sequences  # noqa: F401
+
+
+# %% grade_id: gqa_attention | wrong: interleaves query heads over K/V heads (h % Hkv)
+# expect: consecutive query heads share one K/V head
+def gqa_attention(q, k, v, causal=False):
+    Hq, Hkv = q.shape[1], k.shape[1]
+    index = torch.arange(Hq) % Hkv
+    scores = q @ k[:, index].transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        T, S = q.shape[2], k.shape[2]
+        scores = scores.masked_fill(torch.arange(S)[None] > torch.arange(T)[:, None] + S - T, float("-inf"))
+    return scores.softmax(-1) @ v[:, index]
+
+
+# %% grade_id: gqa_attention | wrong: right numbers, but copies K and V for every query head
+# expect: copied once per query head
+def gqa_attention(q, k, v, causal=False):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        T, S = q.shape[2], k.shape[2]
+        scores = scores.masked_fill(torch.arange(S)[None] > torch.arange(T)[:, None] + S - T, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+# %% grade_id: gqa_attention | wrong: causal mask anchored at the first key (is_causal with T < S)
+# expect: the LAST T positions
+def gqa_attention(q, k, v, causal=False):
+    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+
+
+# %% grade_id: gqa_attention | cheat: imports the reference attention
+# expect: is not allowed
+from reference.attention import grouped_query_attention as gqa_attention  # noqa: F401
+
+
+# %% grade_id: int8_quantize_kv | wrong: quantizes keys per token like values
+# expect: quantized per CHANNEL
+def int8_quantize_kv(k, v):
+    k_scale = k.abs().amax(dim=3, keepdim=True) / 127
+    v_scale = v.abs().amax(dim=3, keepdim=True) / 127
+    return ((k / k_scale).round().to(torch.int8), k_scale,
+            (v / v_scale).round().to(torch.int8), v_scale)
+
+
+# %% grade_id: int8_quantize_kv | wrong: truncates instead of rounding
+# expect: Round to the nearest code
+def int8_quantize_kv(k, v):
+    k_scale = k.abs().amax(dim=2, keepdim=True) / 127
+    v_scale = v.abs().amax(dim=3, keepdim=True) / 127
+    return (k / k_scale).to(torch.int8), k_scale, (v / v_scale).to(torch.int8), v_scale
+
+
+# %% grade_id: int8_quantize_kv | wrong: divides by 128
+# expect: divide by 127, not 128
+def int8_quantize_kv(k, v):
+    k_scale = k.abs().amax(dim=2, keepdim=True) / 128
+    v_scale = v.abs().amax(dim=3, keepdim=True) / 128
+    return ((k / k_scale).round().clamp(-128, 127).to(torch.int8), k_scale,
+            (v / v_scale).round().clamp(-128, 127).to(torch.int8), v_scale)
+
+
+# %% grade_id: int8_quantize_kv | cheat: imports the reference quantizer
+# expect: is not allowed
+from reference.quant import int8_quantize_kv  # noqa: F401
+
+
+# %% grade_id: absorb_mla_weights | wrong: multiplies the full matrices, summing over heads
+# expect: mixes heads
+def absorb_mla_weights(w_uq, w_uk, w_uv, w_o, n_heads):
+    return w_uq.T @ w_uk, w_o @ torch.block_diag(*w_uv.reshape(n_heads, -1, w_uv.shape[1]))
+
+
+# %% grade_id: absorb_mla_weights | cheat: loads the weights into the reference MLA layer and asks it
+# expect: is not allowed
+def absorb_mla_weights(w_uq, w_uk, w_uv, w_o, n_heads):
+    from reference.mla import MLA
+    layer = MLA(d_model=w_o.shape[0], n_heads=n_heads, latent_dim=w_uk.shape[1],
+                q_latent_dim=w_uq.shape[1], nope_dim=w_uk.shape[0] // n_heads, rope_dim=2,
+                v_dim=w_uv.shape[0] // n_heads).to(w_uq.dtype)
+    with torch.no_grad():
+        for name, w in (("w_uq", w_uq), ("w_uk", w_uk), ("w_uv", w_uv), ("w_o", w_o)):
+            getattr(layer, name).weight.copy_(w)
+    return layer.absorbed_weights()
