@@ -14,14 +14,12 @@ def standard_attention_traffic(n: int, d: int, dtype: str) -> list[tuple[str, in
     Returns the eight transfers in the order they happen, as (stage name, bytes) pairs:
     load Q, load K, write S, read S, write P, read P, load V, write O. Bytes are ints.
     """
-    ### BEGIN SOLUTION
     size = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}[dtype]
     row_block, square = n * d * size, n * n * size
     return [("load Q", row_block), ("load K", row_block),
             ("write S", square), ("read S", square),
             ("write P", square), ("read P", square),
             ("load V", row_block), ("write O", row_block)]
-    ### END SOLUTION
 
 
 # %% grade_id: matmul_intensity
@@ -31,12 +29,10 @@ def matmul_intensity(m: int, k: int, n: int, dtype: str) -> float:
     dtype: "fp32", "fp16", "bf16" or "fp8" (4, 2, 2, 1 bytes per element), for A, B and C.
     FLOPs: a multiply-add counts as 2. Bytes: A and B are read once, C is written once.
     """
-    ### BEGIN SOLUTION
     size = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}[dtype]
     flops = 2 * m * k * n
     moved = (m * k + k * n + m * n) * size
     return flops / moved
-    ### END SOLUTION
 
 
 # %% grade_id: attainable_flops
@@ -49,11 +45,9 @@ def attainable_flops(intensity, peak_flops: float, bandwidth: float):
     intensity: FLOPs per byte, a float or a tensor (then the answer is a tensor, elementwise).
     peak_flops: the compute ceiling in FLOP/s. bandwidth: the memory ceiling in bytes/s.
     """
-    ### BEGIN SOLUTION
     if isinstance(intensity, torch.Tensor):
         return torch.clamp(intensity * bandwidth, max=peak_flops)
     return min(peak_flops, intensity * bandwidth)
-    ### END SOLUTION
 
 
 # %% grade_id: decode_floor_seconds
@@ -64,8 +58,6 @@ def decode_floor_seconds(n_params: int, dtype: str, bandwidth: float, kv_bytes: 
     "bf16", "fp8", "int8" or "int4"; int4 takes half a byte), and so is the KV cache
     (kv_bytes bytes). bandwidth: memory bandwidth in bytes/s.
     """
-    ### BEGIN SOLUTION
     bits = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}[dtype]
     weight_bytes = n_params * bits / 8
     return (weight_bytes + kv_bytes) / bandwidth
-    ### END SOLUTION
