@@ -189,28 +189,4 @@ def forward_cost(cfg, *, batch: int, new_tokens: int, context: int = 0,
     return ForwardCost(flops, nbytes(llama_params(cfg), weight_dtype), nbytes(kv_elements, kv_dtype))
 
 
-# ------------------------------------------------------------------- a few GPUs, for scale
-
-@dataclass(frozen=True)
-class GPU:
-    hbm_bytes: int
-    hbm_bandwidth: float   # bytes/s
-    fp16_flops: float      # dense fp16/bf16 tensor-core FLOP/s
-    source: str
-
-
-# A minimal table for this chapter; chapter 03's `reference.memory.GPUS` is the full one.
-_GPUS = {
-    "A100 80GB": GPU(80 * 10**9, 2.039e12, 312e12, "NVIDIA A100 datasheet (SXM)"),
-    "H100 SXM": GPU(80 * 10**9, 3.35e12, 989e12, "NVIDIA H100 datasheet (SXM, dense)"),
-    "H200": GPU(141 * 10**9, 4.8e12, 989e12, "NVIDIA H200 datasheet (SXM, dense)"),
-    "B200": GPU(192 * 10**9, 8.0e12, 2.25e15, "NVIDIA Blackwell announcement (dense)"),
-}
-
-
-def gpu_specs() -> dict[str, GPU]:
-    """Name -> GPU for the GPUs the chapter compares."""
-    return dict(_GPUS)
-
-
 from reference.roofline_measure import measure_machine, measure_model_points  # noqa: E402,F401

@@ -15,6 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from reference import roofline as rf
+from reference.hardware import GPUS
 from reference.model import TINY, ModelConfig, build_tiny
 
 MiB = 2**20
@@ -39,7 +40,7 @@ def test_standard_attention_at_4096_moves_132_mib_of_which_128_are_n_by_n():
 def test_a100_ridge_is_156_flops_per_byte():
     assert rf.ridge_point(312e12, 2e12) == pytest.approx(156)
     # the datasheet's 2.039 TB/s (A100 80GB SXM) puts the ridge a little lower
-    a100 = rf.gpu_specs()["A100 80GB"]
+    a100 = GPUS["A100 80GB"]
     assert rf.ridge_point(a100.fp16_flops, a100.hbm_bandwidth) == pytest.approx(153, abs=0.5)
 
 
