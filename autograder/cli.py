@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import ctypes
+import json
 import multiprocessing
+import os
 import re
 import secrets
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,12 +28,15 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--csv", type=Path, help="CSV of points: one row per submission")
     g.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel")
     g.add_argument("--timeout", type=float, default=10, help="seconds per learner call")
+    g.add_argument("--budget", type=float, default=300, help="seconds of learner time for a "
+                   "whole submission; tests after it is spent fail with 'time budget exhausted'")
     g.add_argument("--memory-mb", type=int, default=4096, help="address-space limit of the "
                    "learner's process")
     g.add_argument("--seed", type=int, help="seed of the random test inputs (default: random)")
     g.add_argument("--tests", type=Path, help="grader file to use instead of the chapter's")
-    g.add_argument("--no-isolation", action="store_true", help="run the learner's process "
-                   "without namespaces even as root (debugging only)")
+    g.add_argument("--no-isolation", action="store_true", help="run the learner's code "
+                   "without a sandbox, even as root where grading is otherwise refused when no "
+                   "sandbox can be set up (debugging only)")
     g.add_argument("--quiet", action="store_true", help="print only the total per submission")
     return p
 
@@ -56,6 +63,27 @@ def json_name(path: Path, root: Path) -> str:
     return re.sub(r"[^\w.-]+", "__", str(path.relative_to(root).with_suffix(""))) + ".json"
 
 
+def _terminate(signum, frame) -> None:
+    """SIGTERM/SIGINT: kill every sandbox of this process, then exit (results files already
+    hold the "did not finish" placeholder written at the start)."""
+    from autograder.sandbox import kill_all
+    kill_all()
+    os._exit(128 + signum)
+
+
+def _pool_worker_init() -> None:
+    """A grading process of a batch dies with the main one and kills its sandboxes."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def _placeholder(path: Path, message: str) -> None:
+    """Overwrite a results file this run owns, so that no stale or learner-written file
+    survives whatever happens next."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"score": 0, "output": message, "tests": []}))
+
+
 def run_batch(paths: list[Path], options: dict, jobs: int) -> list["SubmissionResult"]:
     """Grade ``paths`` over ``jobs`` processes with a progress bar; results in input order."""
     from tqdm import tqdm
@@ -63,14 +91,17 @@ def run_batch(paths: list[Path], options: dict, jobs: int) -> list["SubmissionRe
     if jobs <= 1 or len(paths) == 1:
         return [_grade_one(w) for w in tqdm(work, desc="grading", disable=len(paths) == 1)]
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context,
+                                                initializer=_pool_worker_init) as pool:
         return list(tqdm(pool.map(_grade_one, work), total=len(work), desc="grading"))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 when grading ran, even with low scores)."""
+    """Entry point; returns the exit status: 0 when grading ran (even with low scores), 3 when
+    it was refused (root without a sandbox)."""
     args = parser().parse_args(argv)
-    from autograder import report
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _terminate)
     paths = submissions(args.path)
     if not paths:
         print(f"no notebooks found at {args.path}", file=sys.stderr)
@@ -80,7 +111,16 @@ def main(argv: list[str] | None = None) -> int:
     outputs = [args.json if batch else args.json and args.json.parent, args.csv and args.csv.parent]
     hide = [args.path if batch else args.path.parent, *(d for d in outputs if d)]
     options = dict(seed=seed, tests=args.tests, timeout=args.timeout, memory_mb=args.memory_mb,
-                   hide=[d.resolve() for d in hide], isolate=not args.no_isolation)
+                   hide=[d.resolve() for d in hide], isolate=not args.no_isolation,
+                   budget=args.budget)
+    owned = [args.json / json_name(p, args.path) for p in paths] if args.json and batch \
+        else [args.json] if args.json else []
+    for path in owned:
+        _placeholder(path, "grading did not finish (the grader was stopped or crashed)")
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        args.csv.write_text("")
+    from autograder import report  # after the placeholders: a missing torch must not keep a file
     if batch:  # a single report already names its seed in its header
         print(f"seed {seed} (replay with --seed {seed})")
     results = run_batch(paths, options, args.jobs)
@@ -93,4 +133,7 @@ def main(argv: list[str] | None = None) -> int:
             report.write_json(result, args.json)
     if args.csv:
         report.write_csv(results, args.csv)
-    return 0
+    refused = [r for r in results if r.refused]
+    for result in refused:
+        print(f"{result.submission}: {result.error}", file=sys.stderr)
+    return 3 if refused else 0
