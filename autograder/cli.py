@@ -84,6 +84,14 @@ def _placeholder(path: Path, message: str) -> None:
     path.write_text(json.dumps({"score": 0, "output": message, "tests": []}))
 
 
+def results_path(json_arg: Path, path: Path, root: Path) -> Path:
+    """Where the results of notebook ``path`` go: ``--json`` itself for a single notebook, or a
+    file in the ``--json`` directory (a folder was graded, or ``--json`` is an existing dir)."""
+    if root.is_dir():
+        return json_arg / json_name(path, root)
+    return json_arg / f"{path.stem}.json" if json_arg.is_dir() else json_arg
+
+
 def run_batch(paths: list[Path], options: dict, jobs: int) -> list["SubmissionResult"]:
     """Grade ``paths`` over ``jobs`` processes with a progress bar; results in input order."""
     from tqdm import tqdm
@@ -113,8 +121,7 @@ def main(argv: list[str] | None = None) -> int:
     options = dict(seed=seed, tests=args.tests, timeout=args.timeout, memory_mb=args.memory_mb,
                    hide=[d.resolve() for d in hide], isolate=not args.no_isolation,
                    budget=args.budget)
-    owned = [args.json / json_name(p, args.path) for p in paths] if args.json and batch \
-        else [args.json] if args.json else []
+    owned = [results_path(args.json, p, args.path) for p in paths] if args.json else []
     for path in owned:
         _placeholder(path, "grading did not finish (the grader was stopped or crashed)")
     if args.csv:
@@ -127,10 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     for path, result in zip(paths, results):
         print(f"{result.submission}: {result.score:g}/{result.max_score:g}" if args.quiet
               else report.text_report(result) + "\n")
-        if args.json and batch:
-            report.write_json(result, args.json / json_name(path, args.path))
-        elif args.json:
-            report.write_json(result, args.json)
+        if args.json:
+            report.write_json(result, results_path(args.json, path, args.path))
     if args.csv:
         report.write_csv(results, args.csv)
     refused = [r for r in results if r.refused]
