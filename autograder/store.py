@@ -17,6 +17,8 @@ import torch
 from autograder.refs import CacheRef, ModelRef, Remote, from_wire, to_wire
 
 MODEL_METHODS = {"forward", "new_cache", "config"}
+MAX_OBJECTS = 256  # models and caches per submission: learner requests must not exhaust us
+MAX_BATCH = 8
 CACHE_METHODS = {"append", "read", "truncate", "length", "max_len", "nbytes"}
 
 
@@ -40,6 +42,8 @@ class ReferenceStore:
         self._ids = itertools.count(1)
 
     def _add(self, kind: str, obj: Any) -> Remote:
+        if len(self.objects) >= MAX_OBJECTS:
+            raise ValueError(f"more than {MAX_OBJECTS} models and caches were requested")
         key = next(self._ids)
         self.objects[key], self.kinds[key] = obj, kind
         return Remote(kind, key)
@@ -120,7 +124,7 @@ class ReferenceStore:
     def _model_new_cache(self, model, batch: int = 1, max_len: int | None = None) -> Remote:
         batch = _int(batch, "batch")
         max_len = None if max_len is None else _int(max_len, "max_len")
-        if not 1 <= batch <= 64 or not 1 <= (max_len or model.config.max_seq_len) <= \
+        if not 1 <= batch <= MAX_BATCH or not 1 <= (max_len or model.config.max_seq_len) <= \
                 model.config.max_seq_len:
             raise ValueError(f"new_cache(batch={batch}, max_len={max_len}) is out of range")
         return self._add("cache", model.new_cache(batch=batch, max_len=max_len))
@@ -130,6 +134,9 @@ class ReferenceStore:
         if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2 \
                 or input_ids.dtype.is_floating_point or input_ids.shape[1] == 0:
             raise ValueError("input_ids must be an integer tensor of shape [batch, T], T >= 1")
+        if input_ids.shape[0] > MAX_BATCH or input_ids.shape[1] > cfg.max_seq_len:
+            raise ValueError(f"input_ids of shape {list(input_ids.shape)}: at most {MAX_BATCH} "
+                             f"sequences of {cfg.max_seq_len} tokens")
         if input_ids.numel() and not (0 <= int(input_ids.min()) and
                                       int(input_ids.max()) < cfg.vocab_size):
             raise ValueError(f"token ids must lie in [0, {cfg.vocab_size})")

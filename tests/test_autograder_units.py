@@ -216,3 +216,19 @@ def test_an_honest_model_forward_loop_passes_cached_generate(capsys):
     exec(source, namespace)
     check(namespace["cached_generate"], seed=5)  # raises AssertionError if a test fails
     assert "all tests pass" in capsys.readouterr().out
+
+
+def test_the_grader_side_store_refuses_bad_or_excessive_requests():
+    store = ReferenceStore()
+    model = store.register(ModelRef("tiny", 0))
+
+    def ask(method, *args, target=model):
+        return store.handle({"id": target.id, "method": method, "args": args, "kwargs": {}})
+    assert ask("forward", torch.tensor([[1, 2]]))["ok"] and len(store.trace) == 1
+    for bad in (torch.tensor([[1.5]]), torch.tensor([[999]]), torch.zeros(9, 1, dtype=torch.long)):
+        assert not ask("forward", bad)["ok"]
+    assert "no method" in ask("__class__")["error"] and "no method" in ask("state_dict")["error"]
+    assert not ask("forward", torch.tensor([[1]]), None, {"__autograder__": "remote",
+                                                          "kind": "model", "id": model.id})["ok"]
+    replies = [ask("new_cache", 1, 4) for _ in range(300)]
+    assert replies[0]["ok"] and "more than" in replies[-1]["error"]
