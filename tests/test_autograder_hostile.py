@@ -9,6 +9,7 @@ the mount namespace ``NAMESPACES_ONLY``.
 import csv
 import json
 import os
+import shutil
 import signal
 import site
 import subprocess
@@ -71,8 +72,17 @@ def attacks(out: Path, standin: Path) -> dict[str, str]:
                          "def write_results(a, b):\n    return 0",
         "allocate": "def allocate(a, b):\n    x = torch.empty(20 * 2**30, dtype=torch.uint8)\n"
                     "    return a + b",
-        "alias_reference": "import gc\nalias_reference = next(o for o in gc.get_objects() if "
-                           "isinstance(o, type) and o.__module__.startswith('reference'))",
+        # any module, class or function of `reference` left in the learner's process
+        "alias_reference": "import gc, types\ndef _from_reference(o):\n    try:\n"
+                           "        name = o.__name__ if isinstance(o, types.ModuleType) "
+                           "else o.__module__\n"
+                           "        return str(name).startswith('reference')\n"
+                           "    except Exception:\n        return False\n"
+                           "found = [o for o in gc.get_objects() if isinstance(o, (type, "
+                           "types.FunctionType, types.ModuleType)) and _from_reference(o)]\n"
+                           "def alias_reference(a, b):\n    if not found:\n"
+                           "        raise LookupError('no reference object here')\n"
+                           "    return a + b",
         "kill_parent": "import os\ndef kill_parent(a, b):\n    os.kill(os.getppid(), 9)\n"
                        "    return a - b",
         "write_site_packages": f"def write_site_packages(a, b):\n"
@@ -117,7 +127,8 @@ def grade(folder: Path, out: Path, *extra: str, prefix=(), timeout=300, env=None
 
 def hostile_batch(tmp_path_factory, prefix=()):
     folder, out = tmp_path_factory.mktemp("subs"), tmp_path_factory.mktemp("out")
-    standin = Path(tempfile.mkdtemp(prefix="run_autograder-")) / "run_autograder"
+    # a root-owned stand-in for /autograder/run_autograder, outside the private /tmp
+    standin = Path(tempfile.mkdtemp(prefix="run_autograder-", dir="/var/tmp")) / "run_autograder"
     standin.parent.chmod(0o755)
     standin.write_text("#!/bin/sh\necho grading\n")
     (folder / "hostile.ipynb").write_text(notebook(attacks(out, standin)))
@@ -132,8 +143,9 @@ def hostile_batch(tmp_path_factory, prefix=()):
     left = [str(p) for p in LEFTOVERS if p.exists()]
     for path in LEFTOVERS:
         path.unlink(missing_ok=True)
-    return dict(run=run, rows=rows, results=results, seconds=seconds, left=left,
-                standin=standin.read_text())
+    text = standin.read_text()
+    shutil.rmtree(standin.parent)
+    return dict(run=run, rows=rows, results=results, seconds=seconds, left=left, standin=text)
 
 
 @pytest.fixture(scope="module")
@@ -175,6 +187,17 @@ def test_hostile_exercise_scores_zero(batch, name):
 
 
 @ROOT_ONLY
+def test_write_attacks_were_tried_and_refused(batch):
+    for name in ("write_site_packages", "append_run_autograder", "write_grader_cwd"):
+        output = entry(batch["results"], name)["output"]
+        assert "PermissionError" in output or "Read-only file system" in output, output
+    assert "PermissionError" in entry(batch["results"], "kill_grader")["output"] or \
+        "no grader in sight" in entry(batch["results"], "kill_grader")["output"]
+    assert "only" in entry(batch["results"], "fork_bomb")["output"] or \
+        "timed out" in entry(batch["results"], "fork_bomb")["output"]
+
+
+@ROOT_ONLY
 def test_attacks_leave_nothing_behind(batch):
     assert batch["left"] == [] and batch["standin"] == "#!/bin/sh\necho grading\n"
     assert not any(TOKEN in p.name for p in Path.cwd().iterdir())
@@ -197,6 +220,7 @@ def test_failures_are_explained(batch):
     assert "memory limit (4096 MB) exceeded" in entry(results, "allocate")["output"]
     assert "not valid notebook JSON" in rows["invalid_json"]["error"]
     assert "All tests passed" in entry(results, "fake_score")["output"]  # shown, not believed
+    assert "no reference object here" in entry(results, "alias_reference")["output"]
 
 
 def test_the_worker_gets_an_allow_listed_environment(batch):
