@@ -140,6 +140,7 @@ def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = N
     finally:
         if isinstance(learner, SandboxLearner):
             result.cell_errors = dict(learner.cell_errors)
+            result.isolation = learner.isolation  # with what the worker reported
             learner.close()
     result.seconds = time.monotonic() - start
     return result

@@ -5,7 +5,8 @@ Modes (``SandboxLearner.mode``), strongest available first:
 - ``namespaces`` (root, ``unshare`` works): new mount/pid/net/ipc/uts namespaces, the grader's
   directories hidden, every mount read-only but a private ``/tmp``, an unprivileged user.
 - ``user`` (root, ``unshare`` refused, e.g. no CAP_SYS_ADMIN in Docker): an unprivileged user
-  of its own (files it leaves in /tmp, /var/tmp, /dev/shm are deleted afterwards).
+  of its own; with Landlock (Linux >= 5.13) writes only in its temporary directory and no reads
+  of the grader's directories; files it leaves in /tmp, /var/tmp, /dev/shm are deleted.
 - ``none``: not root, or ``isolate=False``. As root, when neither sandbox can be had, grading
   is refused (``SandboxUnavailable``) unless ``isolate=False``.
 
@@ -90,8 +91,7 @@ class SandboxLearner:
         self.isolation = {
             "namespaces": "isolated: new mount/pid/net namespaces, grader files hidden, "
                           "read-only file system, unprivileged user",
-            "user": f"isolated as an unprivileged user only ({reason}): grader files are "
-                    "readable, writes are limited to a private temporary directory",
+            "user": f"isolated as an unprivileged user, without namespaces ({reason})",
             "none": f"NOT isolated ({reason}): import blocker and resource limits only"}[self.mode]
         self._workdir = Path(tempfile.mkdtemp(prefix="autograder-worker-"))
         self._log = Path(tempfile.mkdtemp(prefix="autograder-log-")) / "output.txt"
@@ -127,7 +127,7 @@ class SandboxLearner:
         cuda = torch.cuda.is_available()
         config = {"in": worker_in, "out": worker_out, "memory_mb": self.memory_mb,
                   "memory_limit": "data" if cuda else "as", "lockdown": self.mode == "namespaces",
-                  "hide": self._hidden_dirs() if self.mode == "namespaces" else [],
+                  "hide": self._hidden_dirs() if self.mode != "none" else [],
                   "uid": self.uid, "keep_read": not readable_by_all(sys.prefix), "tmp": str(self._workdir), "max_processes": MAX_PROCESSES,
                   "forbid": sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})}
         command = [sys.executable, "-s", "-m", "autograder.worker", json.dumps(config)]
@@ -155,6 +155,9 @@ class SandboxLearner:
             raise RuntimeError(f"the sandbox worker failed to start ({exc}):\n{log}") from None
         if not ready.get("ready"):
             raise RuntimeError("the sandbox worker did not start properly")
+        layers = ready.get("isolation")
+        if self.mode != "none" and isinstance(layers, list) and "(worker:" not in self.isolation:
+            self.isolation += f" (worker: {', '.join(str(x) for x in layers)})"
 
     def _hidden_dirs(self) -> list[str]:
         """Directories to cover: existing, not containing what the worker needs (Python, the

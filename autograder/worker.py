@@ -6,7 +6,8 @@ with ``lockdown`` (root, inside ``unshare``'s new namespaces) hide the grader's 
 under empty read-only tmpfs mounts, make every other mount read-only and mount a private
 ``/tmp``; with ``uid`` drop to that unprivileged user and group (all capabilities go); set
 no_new_privs; fork (the parent only relays the exit status, so that killing "the parent" cannot
-reach the grader); set rlimits; install the forbidden-function guard; forget
+reach the grader); with Landlock, allow writes only in the private temporary directory (and,
+without namespaces, no reads of the grader's directories); set rlimits; install the forbidden-function guard; forget
 ``reference``/``autograder`` and block importing them. Then learner code runs.
 
 Models and caches given to learner code are proxies (``autograder.proxies``): using one sends a
@@ -97,6 +98,82 @@ def drop_privileges(uid: int | None, keep_read: bool) -> None:
     data = (_CapData * 2)(_CapData(kept, kept, 0), _CapData(0, 0, 0))
     _check(LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "capset")
     _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
+WRITE_FILE, READ_FILE, READ_DIR = 1 << 1, 1 << 2, 1 << 3
+MAKE_ALL = sum(1 << b for b in range(4, 13))  # remove dir/file, make char/dir/reg/sock/...
+REFER, TRUNCATE = 1 << 13, 1 << 14
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: not available)."""
+    return max(0, LIBC.syscall(LANDLOCK_CREATE_RULESET, None, 0, 1))
+
+
+def readable_cover(hidden: list[str]) -> list[str]:
+    """Paths whose subtrees together hold every file except those under ``hidden``: the
+    siblings of each directory on the way from / down to a hidden one."""
+    hidden_paths = [Path(h) for h in hidden]
+    cover: list[str] = []
+
+    def walk(folder: Path) -> None:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            if path in hidden_paths:
+                continue
+            if entry.is_dir(follow_symlinks=False) and any(path in h.parents for h in hidden_paths):
+                walk(path)
+            else:
+                cover.append(str(path))
+    if hidden_paths:
+        walk(Path("/"))
+    return cover
+
+
+def landlock(tmp: str, hidden: list[str]) -> bool:
+    """With Landlock: creating, changing or deleting files only beneath ``tmp`` (and writing to
+    existing devices, e.g. /dev/null), and no reading under ``hidden``, whatever the file
+    permissions say. Returns False when the kernel has no Landlock."""
+    abi = landlock_abi()
+    if abi == 0:
+        return False
+    writes = WRITE_FILE | MAKE_ALL | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
+    reads = READ_FILE | READ_DIR if hidden else 0
+    attr = ctypes.c_uint64(writes | reads)
+    ruleset = LIBC.syscall(LANDLOCK_CREATE_RULESET, ctypes.byref(attr), 8, 0)
+    if ruleset < 0:
+        return False
+    rules = [(tmp, writes | reads), ("/dev", WRITE_FILE | (TRUNCATE if abi >= 3 else 0))]
+    rules += [(path, reads) for path in readable_cover(hidden)]
+    try:
+        for path, allowed in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                if not os.path.isdir(path) or os.path.islink(path):
+                    allowed &= READ_FILE | WRITE_FILE | TRUNCATE  # rights that apply to files
+                rule = _PathBeneath(allowed, fd)
+                _check(LIBC.syscall(LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0),
+                       f"landlock rule for {path}")
+            finally:
+                os.close(fd)
+        _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        _check(LIBC.syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return True
 
 
 class ImportBlocker(MetaPathFinder):
@@ -240,6 +317,9 @@ def main(argv: list[str]) -> None:
         os.mkdir(tmp, 0o700)
     os.chdir(tmp)
     os.environ.update(HOME=tmp, TMPDIR=tmp)
+    if config["uid"] is not None and landlock(tmp, [] if config["lockdown"] else config["hide"]):
+        isolation.append("Landlock: writes only in its temporary directory"
+                         + ("" if config["lockdown"] else ", grader files unreadable"))
     relay_exit_status()
     restrict(config["memory_mb"], config["memory_limit"],
              config["max_processes"] if config["uid"] is not None else None)
