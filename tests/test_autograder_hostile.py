@@ -22,7 +22,7 @@ import pytest
 
 from autograder.notebook import inject
 from autograder.sandbox import namespaces_available
-from autograder.worker import landlock_abi
+from autograder.confine import landlock_abi
 
 ROOT = Path(__file__).resolve().parent.parent
 GRADER = ROOT / "tests/fixtures/hostile_grader.py"
