@@ -84,8 +84,9 @@ def uses_in_source(source: str, names: Iterable[str]) -> list[str]:
     except (SyntaxError, ValueError):
         words.update(source.replace(".", " ").replace("(", " ").split())
     else:
-        docstrings = {id(node.value) for node in ast.walk(tree) if isinstance(node, ast.Expr)
-                      and isinstance(node.value, ast.Constant) and isinstance(node.value.value, str)}
+        docstrings = {id(node.value) for node in ast.walk(tree)
+                      if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                      and isinstance(node.value.value, str)}
         for node in ast.walk(tree):
             if isinstance(node, ast.Name):
                 words.add(node.id)

@@ -9,6 +9,8 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 UNSHARE = ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "--kill-child",
@@ -45,6 +47,22 @@ def readable_by_all(path: str | Path) -> bool:
     """Whether every directory from / down to ``path`` can be entered by any user."""
     path = Path(path).resolve()
     return all(p.stat().st_mode & 0o001 for p in [path, *path.parents])
+
+
+def hidden_dirs(hide: list[str], workdir: Path) -> list[str]:
+    """Directories the worker must not see: ``hide`` plus the installed ``reference`` and
+    ``autograder`` packages, keeping those that exist, do not contain what the worker needs
+    (Python, its working directory, the temp dir) and are not inside another one."""
+    import reference
+    needed = [Path(sys.prefix).resolve(), Path(os.__file__).resolve(), workdir,
+              Path(tempfile.gettempdir()).resolve()]
+    packages = [Path(reference.__file__).resolve().parent, Path(__file__).resolve().parent]
+    chosen: list[Path] = []
+    for d in sorted({Path(p) for p in hide} | set(packages), key=lambda p: len(p.parts)):
+        if d.is_dir() and not any(n == d or d in n.parents for n in needed) \
+                and not any(c == d or c in d.parents for c in chosen):
+            chosen.append(d)
+    return [str(d) for d in chosen]
 
 
 def kill_user(uid: int) -> None:

@@ -31,8 +31,8 @@ from typing import Any, Iterable
 
 from autograder.errors import LearnerError
 from autograder.isolation import (UID_BASE, UNSHARE, SandboxUnavailable, can_switch_user,
-                                  delete_leftovers, kill_user, namespaces_available,
-                                  readable_by_all)
+                                  delete_leftovers, hidden_dirs, kill_user,
+                                  namespaces_available, readable_by_all)
 from autograder.protocol import ProtocolError, read_message, write_message
 from autograder.refs import Handle, from_wire, to_wire
 from autograder.store import ReferenceStore
@@ -127,8 +127,9 @@ class SandboxLearner:
         cuda = torch.cuda.is_available()
         config = {"in": worker_in, "out": worker_out, "memory_mb": self.memory_mb,
                   "memory_limit": "data" if cuda else "as", "lockdown": self.mode == "namespaces",
-                  "hide": self._hidden_dirs() if self.mode != "none" else [],
-                  "uid": self.uid, "keep_read": not readable_by_all(sys.prefix), "tmp": str(self._workdir), "max_processes": MAX_PROCESSES,
+                  "hide": hidden_dirs(self.hide, self._workdir) if self.mode != "none" else [],
+                  "uid": self.uid, "keep_read": not readable_by_all(sys.prefix),
+                  "tmp": str(self._workdir), "max_processes": MAX_PROCESSES,
                   "forbid": sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})}
         command = [sys.executable, "-s", "-m", "autograder.worker", json.dumps(config)]
         if self.mode == "namespaces":
@@ -158,20 +159,6 @@ class SandboxLearner:
         layers = ready.get("isolation")
         if self.mode != "none" and isinstance(layers, list) and "(worker:" not in self.isolation:
             self.isolation += f" (worker: {', '.join(str(x) for x in layers)})"
-
-    def _hidden_dirs(self) -> list[str]:
-        """Directories to cover: existing, not containing what the worker needs (Python, the
-        temp dir), not inside another covered one. The installed packages are added."""
-        import reference
-        needed = [Path(sys.prefix).resolve(), Path(os.__file__).resolve(), self._workdir,
-                  Path(tempfile.gettempdir()).resolve()]
-        packages = [Path(reference.__file__).resolve().parent, Path(__file__).resolve().parent]
-        chosen: list[Path] = []
-        for d in sorted({Path(p) for p in self.hide} | set(packages), key=lambda p: len(p.parts)):
-            if d.is_dir() and not any(n == d or d in n.parents for n in needed) \
-                    and not any(c == d or c in d.parents for c in chosen):
-                chosen.append(d)
-        return [str(d) for d in chosen]
 
     def _ensure_worker(self) -> None:
         while self._proc is None:

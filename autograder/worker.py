@@ -1,14 +1,15 @@
 """The sandbox worker: runs learner code (solution cells) and answers the grader's requests.
 
 Started by ``autograder.sandbox`` as ``python -s -m autograder.worker CONFIG_JSON``. Trusted
-bootstrap, in this order: import torch and the worker's own modules (never ``reference``);
-with ``lockdown`` (root, inside ``unshare``'s new namespaces) hide the grader's directories
-under empty read-only tmpfs mounts, make every other mount read-only and mount a private
-``/tmp``; with ``uid`` drop to that unprivileged user and group (all capabilities go); set
-no_new_privs; fork (the parent only relays the exit status, so that killing "the parent" cannot
-reach the grader); with Landlock, allow writes only in the private temporary directory (and,
-without namespaces, no reads of the grader's directories); set rlimits; install the forbidden-function guard; forget
-``reference``/``autograder`` and block importing them. Then learner code runs.
+bootstrap (``autograder.confine``), in this order: import torch and the worker's own modules
+(never ``reference``); with ``lockdown`` (root, inside ``unshare``'s new namespaces) hide the
+grader's directories under empty read-only tmpfs mounts, make every other mount read-only and
+mount a private ``/tmp``; with ``uid`` drop to that unprivileged user and group (all
+capabilities go) and set no_new_privs; with Landlock, allow writes only in the private
+temporary directory (and, without namespaces, no reads of the grader's directories); fork (the
+parent only relays the exit status, so that killing "the parent" cannot reach the grader); set
+rlimits; install the forbidden-function guard; forget ``reference``/``autograder`` and block
+importing them. Then learner code runs.
 
 Models and caches given to learner code are proxies (``autograder.proxies``): using one sends a
 ``remote`` request to the grader and waits for its answer on the same pipes.
