@@ -3,9 +3,13 @@ from __future__ import annotations
 
 import argparse
 import concurrent.futures
+import ctypes
+import json
 import multiprocessing
+import os
 import re
 import secrets
+import signal
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -24,6 +28,8 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--csv", type=Path, help="CSV of points: one row per submission")
     g.add_argument("--jobs", type=int, default=1, help="submissions graded in parallel")
     g.add_argument("--timeout", type=float, default=10, help="seconds per learner call")
+    g.add_argument("--budget", type=float, default=300, help="seconds of learner time for a "
+                   "whole submission; tests after it is spent fail with 'time budget exhausted'")
     g.add_argument("--memory-mb", type=int, default=4096, help="address-space limit of the "
                    "learner's process")
     g.add_argument("--seed", type=int, help="seed of the random test inputs (default: random)")
@@ -32,8 +38,9 @@ def parser() -> argparse.ArgumentParser:
                    "whatever the notebook's metadata or file name say")
     g.add_argument("--hide", type=Path, action="append", default=[], help="another directory "
                    "the learner's process must not see (repeatable)")
-    g.add_argument("--no-isolation", action="store_true", help="run the learner's process "
-                   "without namespaces even as root (debugging only)")
+    g.add_argument("--no-isolation", action="store_true", help="run the learner's code "
+                   "without a sandbox, even as root where grading is otherwise refused when no "
+                   "sandbox can be set up (debugging only)")
     g.add_argument("--quiet", action="store_true", help="print only the total per submission")
     s = sub.add_parser("source-notebook", help="write the nbgrader source notebook of a chapter "
                        "(exercise notebook with the solutions between the markers)")
@@ -87,6 +94,35 @@ def json_name(path: Path, root: Path) -> str:
     return re.sub(r"[^\w.-]+", "__", str(path.relative_to(root).with_suffix(""))) + ".json"
 
 
+def _terminate(signum, frame) -> None:
+    """SIGTERM/SIGINT: kill every sandbox of this process, then exit (results files already
+    hold the "did not finish" placeholder written at the start)."""
+    from autograder.sandbox import kill_all
+    kill_all()
+    os._exit(128 + signum)
+
+
+def _pool_worker_init() -> None:
+    """A grading process of a batch dies with the main one and kills its sandboxes."""
+    ctypes.CDLL(None).prctl(1, signal.SIGTERM, 0, 0, 0)  # PR_SET_PDEATHSIG
+    signal.signal(signal.SIGTERM, _terminate)
+
+
+def _placeholder(path: Path, message: str) -> None:
+    """Overwrite a results file this run owns, so that no stale or learner-written file
+    survives whatever happens next."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"score": 0, "output": message, "tests": []}))
+
+
+def results_path(json_arg: Path, path: Path, root: Path) -> Path:
+    """Where the results of notebook ``path`` go: ``--json`` itself for a single notebook, or a
+    file in the ``--json`` directory (a folder was graded, or ``--json`` is an existing dir)."""
+    if root.is_dir():
+        return json_arg / json_name(path, root)
+    return json_arg / f"{path.stem}.json" if json_arg.is_dir() else json_arg
+
+
 def run_batch(paths: list[Path], options: dict, jobs: int) -> list["SubmissionResult"]:
     """Grade ``paths`` over ``jobs`` processes with a progress bar; results in input order."""
     from tqdm import tqdm
@@ -94,16 +130,19 @@ def run_batch(paths: list[Path], options: dict, jobs: int) -> list["SubmissionRe
     if jobs <= 1 or len(paths) == 1:
         return [_grade_one(w) for w in tqdm(work, desc="grading", disable=len(paths) == 1)]
     context = multiprocessing.get_context("spawn")
-    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context) as pool:
+    with concurrent.futures.ProcessPoolExecutor(jobs, mp_context=context,
+                                                initializer=_pool_worker_init) as pool:
         return list(tqdm(pool.map(_grade_one, work), total=len(work), desc="grading"))
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Entry point; returns the exit status (0 when grading ran, even with low scores)."""
+    """Entry point; returns the exit status: 0 when grading ran (even with low scores), 3 when
+    it was refused (root without a sandbox)."""
     args = parser().parse_args(argv)
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, _terminate)
     if args.command != "grade":
         return instructor_command(args)
-    from autograder import report
     if args.chapter:
         from autograder.gradescope_zip import resolve_chapter
         from autograder.grading import grader_file
@@ -124,17 +163,26 @@ def main(argv: list[str] | None = None) -> int:
     outputs = [args.json if batch else args.json and args.json.parent, args.csv and args.csv.parent]
     hide = [args.path if batch else args.path.parent, *(d for d in outputs if d), *args.hide]
     options = dict(seed=seed, tests=args.tests, timeout=args.timeout, memory_mb=args.memory_mb,
-                   hide=[d.resolve() for d in hide], isolate=not args.no_isolation)
+                   hide=[d.resolve() for d in hide], isolate=not args.no_isolation,
+                   budget=args.budget)
+    owned = [results_path(args.json, p, args.path) for p in paths] if args.json else []
+    for path in owned:
+        _placeholder(path, "grading did not finish (the grader was stopped or crashed)")
+    if args.csv:
+        args.csv.parent.mkdir(parents=True, exist_ok=True)
+        args.csv.write_text("")
+    from autograder import report  # after the placeholders: a missing torch must not keep a file
     if batch:  # a single report already names its seed in its header
         print(f"seed {seed} (replay with --seed {seed})")
     results = run_batch(paths, options, args.jobs)
     for path, result in zip(paths, results):
         print(f"{result.submission}: {result.score:g}/{result.max_score:g}" if args.quiet
               else report.text_report(result) + "\n")
-        if args.json and batch:
-            report.write_json(result, args.json / json_name(path, args.path))
-        elif args.json:
-            report.write_json(result, args.json)
+        if args.json:
+            report.write_json(result, results_path(args.json, path, args.path))
     if args.csv:
         report.write_csv(results, args.csv)
-    return 0
+    refused = [r for r in results if r.refused]
+    for result in refused:
+        print(f"{result.submission}: {result.error}", file=sys.stderr)
+    return 3 if refused else 0

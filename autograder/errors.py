@@ -18,8 +18,9 @@ def _learner_frame(exc: BaseException) -> str:
     frames = traceback.extract_tb(exc.__traceback__)
     for frame in reversed(frames):
         name = frame.filename
-        if name.startswith("<cell ") or "ipykernel_" in name or name.startswith("<ipython"):
-            where = name[len("<cell "):-1] if name.startswith("<cell ") else "your notebook"
+        cell = "/learner_cells/" in name
+        if cell or "ipykernel_" in name or name.startswith("<ipython"):
+            where = f"cell `{name.rsplit('/', 1)[-1][:-3]}`" if cell else "your notebook"
             code = f": {frame.line.strip()}" if frame.line else ""
             return f" (line {frame.lineno} of {where}{code})"
     return ""
@@ -34,8 +35,9 @@ def is_out_of_memory(exc: BaseException) -> bool:
 
 def describe(exc: BaseException, memory_mb: int | None = None) -> str:
     """One-line cause for a learner exception (message truncated to 500 characters)."""
-    if isinstance(exc, NotImplementedError):
-        return NOT_IMPLEMENTED
+    if isinstance(exc, NotImplementedError) or isinstance(exc.__cause__, NotImplementedError) \
+            or (type(exc).__name__ == "InterpreterError" and "NotImplementedError" in str(exc)):
+        return NOT_IMPLEMENTED  # (Triton's interpreter wraps what a kernel body raises)
     if is_out_of_memory(exc):
         limit = f"memory limit ({memory_mb} MB) exceeded" if memory_mb else "out of memory"
         return f"{limit}{_learner_frame(exc)}"

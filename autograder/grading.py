@@ -16,7 +16,7 @@ from autograder.errors import LearnerError
 from autograder.local import TESTS_DIR, load_graders
 from autograder.notebook import NotebookError, chapter_of, read_notebook, solution_cells
 from autograder.plugin import REGISTRY, Collector, TestOutcome
-from autograder.sandbox import SandboxLearner
+from autograder.sandbox import SandboxLearner, SandboxUnavailable
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -33,6 +33,7 @@ class SubmissionResult:
     isolation: str = ""
     cell_errors: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    refused: bool = False
 
     @property
     def score(self) -> float:
@@ -57,6 +58,7 @@ class BrokenLearner:
     def __init__(self, message: str):
         self.message = message
         self.last_trace: list = []
+        self.trace: list = []
 
     def _fail(self, *args, **kwargs):
         raise LearnerError(self.message)
@@ -98,13 +100,14 @@ def run_tests(tests: Path, learner, seed: int) -> list[TestOutcome]:
     return collector.outcomes
 
 
-def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = None, timeout: float = 10,
-          memory_mb: int = 4096, hide: Iterable[str | Path] = (),
-          isolate: bool = True) -> SubmissionResult:
+def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = None,
+          timeout: float = 10, memory_mb: int = 4096, hide: Iterable[str | Path] = (),
+          isolate: bool = True, budget: float = 300) -> SubmissionResult:
     """Grade the notebook at ``path`` (or a notebook dict, e.g. from ``notebook.inject``).
-    ``tests`` overrides the grader file found from the
-    chapter; ``hide`` adds directories the worker must not see (submissions, outputs);
-    ``isolate=False`` runs the worker without namespaces even as root."""
+    ``tests`` overrides the grader file found from the chapter; ``hide`` adds directories the
+    worker must not see (submissions, outputs); ``isolate=False`` runs the worker without a
+    sandbox even as root; ``budget`` is the learner time (s) for the whole submission. As root
+    without any sandbox the result is ``refused`` (no test runs)."""
     start = time.monotonic()
     is_dict = isinstance(path, Mapping)
     result = SubmissionResult("<notebook>" if is_dict else str(path), None, seed)
@@ -125,14 +128,19 @@ def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = N
         learner = BrokenLearner(f"not graded: {result.error}")
     else:
         hidden = [PACKAGE_DIR.parent, PACKAGE_DIR, PACKAGE_DIR.parent / "reference", *hide]
-        learner = SandboxLearner(solution_cells(nb), timeout=timeout, memory_mb=memory_mb,
-                                 hide=hidden, isolate=isolate)
+        try:
+            learner = SandboxLearner(solution_cells(nb), timeout=timeout, memory_mb=memory_mb,
+                                     hide=hidden, isolate=isolate, budget=budget)
+        except SandboxUnavailable as exc:
+            result.error, result.refused = str(exc), True
+            return result
         result.isolation = learner.isolation
     try:
         result.outcomes = run_tests(Path(tests).resolve(), learner, seed)
     finally:
         if isinstance(learner, SandboxLearner):
             result.cell_errors = dict(learner.cell_errors)
+            result.isolation = learner.isolation  # with what the worker reported
             learner.close()
     result.seconds = time.monotonic() - start
     return result

@@ -1,20 +1,30 @@
 """In-process learner for notebook check cells (``check``) and for running the graders against
-the solution files (``autograder/tests/conftest.py``). No isolation: advisory only."""
+the solution files (``autograder/tests/conftest.py``). No isolation: advisory only.
+
+Models and caches are the same proxies as in the sandbox, answered by a ``ReferenceStore`` in
+this process, so a grader test behaves the same in both places.
+"""
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import math
 import secrets
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
+import pytest
 import torch
 from torch.nn import functional as F
 from torch import Tensor
 
 from autograder.errors import LearnerError, describe
-from autograder.refs import Handle, Resolver, from_wire, to_wire
+from autograder.forbid import Guard
+from autograder.protocol import HEADER, decode, encode
+from autograder.proxies import LearnerSide
+from autograder.refs import Handle, from_wire, to_wire
+from autograder.store import ReferenceStore
 
 TESTS_DIR = Path(__file__).resolve().parent / "tests"
 
@@ -24,41 +34,78 @@ def base_namespace() -> dict[str, Any]:
     return {"__name__": "__learner__", "torch": torch, "math": math, "F": F, "Tensor": Tensor}
 
 
-def _build_tiny(seed: int):
-    from reference.model import build_tiny
-    return build_tiny(seed)
+def _copy(value: Any) -> Any:
+    """``value`` after a trip through the wire format (as between two processes)."""
+    return decode(encode(value)[HEADER.size:])
 
 
 class LocalLearner:
     """The learner API over a namespace ``dict`` of the learner's objects, called directly.
 
     Arguments and results are converted exactly as for the sandbox (tensors copied, markers
-    resolved, non-plain results returned as ``Handle``), so a grader test behaves the same.
+    become proxies answered by ``self.store``, non-plain results returned as ``Handle``).
     """
 
-    def __init__(self, namespace: dict[str, Any]):
+    def __init__(self, namespace: dict[str, Any], sources: dict[str, str] | None = None):
         self.namespace = namespace
-        self.last_trace: list[tuple[tuple[int, ...], bool]] = []
-        self._resolver = Resolver(_build_tiny)
+        self.sources = dict(sources or {})
+        self.store = ReferenceStore()
+        self.exercise = None
+        self._side = LearnerSide(self._remote)
+        self._guard: Guard | None = None
+
+    @property
+    def last_trace(self) -> list[tuple[tuple[int, ...], bool]]:
+        """(input shape, cache passed) of every forward of the last call."""
+        return [(f.shape, f.cache is not None) for f in self.store.trace]
+
+    @property
+    def trace(self) -> list:
+        """``store.Forward`` records (shape, cache id, cache length) of the last call."""
+        return list(self.store.trace)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "LocalLearner":
         """Learner whose namespace is the Python file ``path`` executed in ``base_namespace()``."""
+        from autograder.solutions import split_sections
         namespace = base_namespace()
         source = Path(path).read_text()
         exec(compile(source, str(path), "exec"), namespace)
-        return cls(namespace)
+        return cls(namespace, {s.grade_id: s.source for s in split_sections(source)})
 
-    def _run(self, target: Any, args: tuple, kwargs: dict) -> Any:
-        args, kwargs = self._resolver.args(to_wire((args, kwargs)))
-        self._resolver.trace.clear()
+    def begin(self, exercise) -> None:
+        """The exercise graded from now on (its ``forbid`` list applies to calls)."""
+        self.exercise = exercise
+
+    def cell_source(self, grade_id: str) -> str | None:
+        return self.sources.get(grade_id)
+
+    def _remote(self, request: dict) -> dict:
+        guard, self._guard = self._guard, None
+        if guard is not None:
+            guard.uninstall()  # the reference code may use what the learner may not
         try:
-            value = target(*args, **kwargs)
+            return _copy(self.store.handle(_copy(request)))
+        finally:
+            if guard is not None:
+                self._guard = guard.install()
+
+    def _run(self, target: Callable, args: tuple, kwargs: dict) -> Any:
+        args, kwargs = self._side.args(_copy(to_wire((args, kwargs), self.store.register)))
+        self.store.trace.clear()
+        forbid = self.exercise.forbid if self.exercise is not None else ()
+        guard = Guard(forbid).install() if forbid else None
+        self._guard = guard
+        try:
+            with guard.forbidding(forbid) if guard else _nothing():
+                value = target(*args, **kwargs)
         except Exception as exc:
             raise LearnerError(describe(exc)) from exc
         finally:
-            self.last_trace = list(self._resolver.trace)
-        return from_wire(self._resolver.result(value))
+            if self._guard is not None:
+                self._guard.uninstall()
+            self._guard = None
+        return from_wire(_copy(self._side.result(value)))
 
     def _lookup(self, name: str) -> Any:
         if name not in self.namespace:
@@ -66,7 +113,7 @@ class LocalLearner:
         return self.namespace[name]
 
     def _object(self, handle: Handle) -> Any:
-        return self._resolver.args(to_wire(handle))
+        return self._side.args(to_wire(handle))
 
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Result of the learner's function ``name(*args, **kwargs)``."""
@@ -88,6 +135,24 @@ class LocalLearner:
         """Value of the attribute ``attr`` of the object behind ``handle``."""
         return self._run(lambda: getattr(self._object(handle), attr), (), {})
 
+    def launch(self, kernel: str, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> list:
+        """Run the learner's Triton kernel ``kernel[grid](*args, **kwargs)``; returns ``args``
+        after the launch."""
+        target = self._lookup(kernel)
+
+        def run(*a, **k):
+            target[tuple(grid)](*a, **k)
+            return list(a)
+        return self._run(run, args, kwargs)
+
+
+class _nothing:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
 
 def load_graders() -> None:
     """Import every ``autograder/tests/test_ch*.py`` so that ``plugin.REGISTRY`` is complete."""
@@ -101,10 +166,35 @@ def load_graders() -> None:
         spec.loader.exec_module(module)
 
 
+def cases(test: Callable) -> list[tuple[str, dict]]:
+    """``(label suffix, kwargs)`` for every case of a test's ``pytest.mark.parametrize`` marks
+    (their product, as pytest generates them); ``[("", {})]`` without marks."""
+    result: list[dict] = [{}]
+    for mark in getattr(test, "pytestmark", []):
+        if mark.name != "parametrize":
+            continue
+        names = mark.args[0]
+        names = [n.strip() for n in names.split(",")] if isinstance(names, str) else list(names)
+        expanded = []
+        for value in mark.args[1]:
+            if isinstance(value, type(pytest.param(None))):
+                value = value.values if len(names) > 1 else value.values[0]
+            expanded.append(dict(zip(names, (value,) if len(names) == 1 else tuple(value))))
+        result = [{**kwargs, **case} for kwargs in result for case in expanded]
+    return [(_suffix(kwargs), kwargs) for kwargs in result]
+
+
+def _suffix(kwargs: dict) -> str:
+    shown = [str(v) if isinstance(v, (int, float, str)) else "…" for v in kwargs.values()]
+    return f"[{'-'.join(shown)}]" if shown else ""
+
+
 def check(obj: Any, seed: int | None = None) -> None:
     """Run the grader tests of exercise ``obj.__name__`` in-process against the notebook's
-    objects and print one ✓/✗ line per test, the teaching message of each failure and points."""
-    from autograder.plugin import REGISTRY, failure_message
+    objects; print one ✓/✗ line per test (per case of a parametrized test), the teaching
+    message of each failure and the points; then raise ``AssertionError`` with the teaching
+    messages if any test failed (so that nbgrader sees the failure)."""
+    from autograder.plugin import REGISTRY, failure_message, static_check
     name = getattr(obj, "__name__", None)
     load_graders()
     if name not in REGISTRY:
@@ -118,19 +208,34 @@ def check(obj: Any, seed: int | None = None) -> None:
         namespace = vars(module) if module else {}
     namespace = dict(namespace)
     namespace[name] = obj
-    share = exercise.points / len(exercise.tests)
-    total = 0.0
+    try:
+        sources = {name: inspect.getsource(obj)}
+    except (OSError, TypeError):
+        sources = {}
+    runs = [(test, suffix, kwargs) for test in exercise.tests.values()
+            for suffix, kwargs in cases(test)]
+    share = exercise.points / len(runs)
+    total, failures = 0.0, []
     print(f"check({name}) — seed {seed}")
-    for key, test in exercise.tests.items():
+    for test, suffix, kwargs in runs:
+        learner = LocalLearner(namespace, sources)
+        label = test.__name__ + suffix
         try:
-            test(learner=LocalLearner(namespace), seed=seed)
-        except Exception as exc:
-            message = failure_message(exc).replace("\n", "\n      ")
-            print(f"  ✗ {test.__name__:<40} 0/{share:g}\n      {message}")
+            static_check(learner, exercise)
+            test(learner=learner, seed=seed, **kwargs)
+        except (Exception, pytest.skip.Exception, pytest.fail.Exception) as exc:
+            if isinstance(exc, pytest.skip.Exception):
+                message = f"skipped: {exc.msg} (a skipped test earns no points)"
+            else:
+                message = failure_message(exc)
+            failures.append(f"{label}: {message}")
+            message = message.replace("\n", "\n      ")
+            print(f"  ✗ {label:<40} 0/{share:g}\n      {message}")
         else:
             total += share
-            print(f"  ✓ {test.__name__:<40} {share:g}/{share:g}")
+            print(f"  ✓ {label:<40} {share:g}/{share:g}")
     print(f"  {total:g}/{exercise.points:g} points" + ("  — all tests pass!" if
           total == exercise.points else ""))
-    if total < exercise.points:  # a failing check cell is what nbgrader scores as 0
-        raise AssertionError(f"{name}: {total:g}/{exercise.points:g} points, see the ✗ lines above")
+    if failures:
+        raise AssertionError(f"{name}: {len(failures)} of {len(runs)} tests fail\n"
+                             + "\n".join(failures))

@@ -8,18 +8,23 @@ Grader tests are written as::
     @exercise("naive_generate", points=2)
     def test_matches_reference(learner, seed): ...
 
-An exercise's points are split evenly over its tests. The verdict is computed here, in the
-grader process, from pytest's own reports; learner output is shown, never parsed.
+An exercise's points are split evenly over its tests (every case of a
+``pytest.mark.parametrize`` test counts as one test). ``forbid=["torch.nn.functional.x", ...]``
+names functions the learner's code must not call (refused at run time and flagged in the cell's
+source); ``timeout=S`` replaces the per-call time limit for this exercise (slow interpreters).
+The verdict is computed here, in the grader process, from pytest's own reports; learner output
+is shown, never parsed. A test that skips itself scores 0 (shown as "skipped: ...").
 """
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import pytest
 
 from autograder.errors import LearnerError
+from autograder.forbid import forbidden_message, uses_in_source
 
 
 @dataclass
@@ -29,22 +34,42 @@ class Exercise:
     grade_id: str
     points: float
     tests: dict[str, Callable] = field(default_factory=dict)
+    forbid: tuple[str, ...] = ()
+    timeout: float | None = None
 
 
 REGISTRY: dict[str, Exercise] = {}
 
 
-def exercise(grade_id: str, points: float = 1) -> Callable[[Callable], Callable]:
+def exercise(grade_id: str, points: float = 1, *, forbid: Iterable[str] = (),
+             timeout: float | None = None) -> Callable[[Callable], Callable]:
     """Decorator: mark a grader test as part of exercise ``grade_id`` worth ``points`` in total
-    (shared by all tests of that exercise) and register it in ``REGISTRY``."""
+    (shared by all tests of that exercise) and register it in ``REGISTRY``. ``forbid`` (dotted
+    function names) and ``timeout`` (seconds per learner call) apply to the whole exercise."""
     def decorate(fn: Callable) -> Callable:
         entry = REGISTRY.setdefault(grade_id, Exercise(grade_id, points))
         if entry.points != points:
             raise ValueError(f"exercise {grade_id!r} is declared with points={entry.points} and "
                              f"points={points}; use the same total on every test")
+        entry.forbid = tuple(sorted(set(entry.forbid) | set(forbid)))
+        if timeout is not None:
+            entry.timeout = max(entry.timeout or 0.0, float(timeout))
         entry.tests[f"{fn.__code__.co_filename}::{fn.__name__}"] = fn
         return pytest.mark.exercise(grade_id, points=points)(fn)
     return decorate
+
+
+def static_check(learner: Any, entry: Exercise | None) -> None:
+    """Tell ``learner`` which exercise is graded now (``begin(exercise)``, if it has it) and fail
+    when the exercise's cell source (``cell_source(grade_id)``) names a forbidden function."""
+    if entry is None:
+        return
+    if hasattr(learner, "begin"):
+        learner.begin(entry)
+    source = learner.cell_source(entry.grade_id) if hasattr(learner, "cell_source") else None
+    used = uses_in_source(source, entry.forbid) if source and entry.forbid else []
+    if used:
+        raise LearnerError(forbidden_message(entry.grade_id, used))
 
 
 @dataclass
@@ -115,6 +140,9 @@ class Collector:
         self._start = time.monotonic()
         if hasattr(self.learner, "take_output"):
             self.learner.take_output()
+        mark = item.get_closest_marker("exercise")
+        if mark:
+            static_check(self.learner, REGISTRY.get(mark.args[0]))
 
     @pytest.hookimpl(wrapper=True)
     def pytest_runtest_makereport(self, item: pytest.Item, call: pytest.CallInfo):

@@ -39,11 +39,20 @@ def decode(data: bytes) -> Any:
         raise ProtocolError(f"unreadable message ({type(exc).__name__}: {exc})") from None
 
 
-def write_message(fd: int, obj: Any) -> None:
-    """Send ``obj`` on file descriptor ``fd`` (blocking)."""
+def write_message(fd: int, obj: Any, deadline: float | None = None) -> None:
+    """Send ``obj`` on file descriptor ``fd``. With a ``deadline`` (a ``time.monotonic()``
+    value; ``fd`` should then be non-blocking) waiting for room in the pipe raises
+    ``TimeoutError`` once it has passed, so a reader that stops reading cannot block us."""
     view = memoryview(encode(obj))
     while view:
-        view = view[os.write(fd, view):]
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not select.select([], [fd], [], remaining)[1]:
+                raise TimeoutError
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            continue
 
 
 def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
@@ -53,7 +62,10 @@ def _read_exact(fd: int, size: int, deadline: float | None) -> bytes:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not select.select([fd], [], [], remaining)[0]:
                 raise TimeoutError
-        chunk = os.read(fd, min(left, 1 << 20))
+        try:
+            chunk = os.read(fd, min(left, 1 << 20))
+        except BlockingIOError:
+            continue
         if not chunk:
             raise EOFError("the other side closed the pipe")
         chunks.append(chunk)

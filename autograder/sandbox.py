@@ -1,14 +1,24 @@
 """Grader side of the sandbox: ``SandboxLearner`` runs learner code in a worker process.
 
-As root with a working ``unshare`` the worker gets new mount, pid, net, ipc and uts namespaces,
-the HIDE directories covered by empty read-only tmpfs mounts, and no capabilities. Otherwise
-it runs as a plain child process (import blocker and rlimits only); ``isolation`` says which.
-Every call has a time limit; a worker that times out, crashes or garbles the protocol is killed
-(whole process group) and a fresh one is started for the next call.
+Modes (``SandboxLearner.mode``), strongest available first:
+
+- ``namespaces`` (root, ``unshare`` works): new mount/pid/net/ipc/uts namespaces, the grader's
+  directories hidden, every mount read-only but a private ``/tmp``, an unprivileged user.
+- ``user`` (root, ``unshare`` refused, e.g. no CAP_SYS_ADMIN in Docker): an unprivileged user
+  of its own; with Landlock (Linux >= 5.13) writes only in its temporary directory and no reads
+  of the grader's directories; files it leaves in /tmp, /var/tmp, /dev/shm are deleted.
+- ``none``: not root, or ``isolate=False``. As root, when neither sandbox can be had, grading
+  is refused (``SandboxUnavailable``) unless ``isolate=False``.
+
+Every read and write on the worker's pipes has a deadline (per-call time limit, per-exercise
+``timeout``, and the submission's total ``budget``); a worker that times out, crashes or
+garbles the protocol is killed (process group, and every process of its user) and a fresh one
+is started for the next call. Requests the worker's proxies send while learner code runs are
+answered by ``self.store`` (the reference objects, in this process).
 """
 from __future__ import annotations
 
-import functools
+import json
 import os
 import shutil
 import signal
@@ -20,64 +30,116 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from autograder.errors import LearnerError
+from autograder.isolation import (UID_BASE, UNSHARE, SandboxUnavailable, can_switch_user,
+                                  delete_leftovers, hidden_dirs, kill_user,
+                                  namespaces_available, readable_by_all)
 from autograder.protocol import ProtocolError, read_message, write_message
 from autograder.refs import Handle, from_wire, to_wire
+from autograder.store import ReferenceStore
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-UNSHARE = ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "--kill-child",
-           "--mount-proc"]
+ENV_KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
 OUTPUT_LIMIT = 4000
 STARTUP_SECONDS = 120
+MAX_PROCESSES = 128
+LIVE: set["SandboxLearner"] = set()
 
 
-@functools.lru_cache(maxsize=1)
-def namespaces_available() -> str | None:
-    """``None`` if the worker can be isolated with ``unshare``, else the reason why not."""
-    if os.geteuid() != 0:
-        return "not running as root"
-    if shutil.which("unshare") is None:
-        return "the unshare command is missing"
-    probe = subprocess.run(UNSHARE + ["true"], capture_output=True, text=True)
-    return None if probe.returncode == 0 else f"unshare failed: {probe.stderr.strip()}"
+def kill_all() -> None:
+    """Kill every live sandbox (on SIGTERM to the grader)."""
+    for learner in list(LIVE):
+        learner.close()
 
 
 class SandboxLearner:
-    """The learner API (``call``, ``new``, ``method``, ``getattr``, ``last_trace``) for the
-    solution ``cells`` (list of ``(grade_id, source)``), run in a separate worker process.
+    """The learner API (``call``, ``new``, ``method``, ``getattr``, ``launch``, ``last_trace``)
+    for the solution ``cells`` (list of ``(grade_id, source)``), run in a worker process.
 
-    ``timeout`` (seconds per call), ``memory_mb`` (RLIMIT_AS), ``hide`` (directories made
-    unreadable when isolated), ``isolate=False`` skips the namespaces.
-    ``cell_errors`` maps grade_id -> why its cell did not load.
+    ``timeout`` (seconds per call), ``budget`` (seconds of learner time for the whole
+    submission), ``memory_mb``, ``hide`` (directories made unreadable in ``namespaces`` mode),
+    ``isolate=False`` runs without a sandbox, ``forbid`` adds functions to guard (those of
+    every registered exercise are). ``cell_errors`` maps grade_id -> why its cell did
+    not load.
     """
 
     def __init__(self, cells: list[tuple[str, str]], *, timeout: float = 10,
-                 memory_mb: int = 4096, hide: Iterable[str | Path] = (), isolate: bool = True):
+                 memory_mb: int = 4096, hide: Iterable[str | Path] = (), isolate: bool = True,
+                 budget: float = 600, forbid: Iterable[str] = ()):
         self.cells, self.timeout, self.memory_mb = list(cells), timeout, memory_mb
+        self.budget, self._spent = budget, 0.0
+        self.forbid = set(forbid)  # guarded in the worker, with every forbid of REGISTRY
         self.hide = [str(Path(p).resolve()) for p in hide]
         self.cell_errors: dict[str, str] = {}
-        self.last_trace: list[tuple[tuple[int, ...], bool]] = []
+        self.store = ReferenceStore()
+        self.exercise = None
         self._proc: subprocess.Popen | None = None
         self._handles: set[int] = set()
         self._output: list[str] = []
-        self._workdir = Path(tempfile.mkdtemp(prefix="autograder-worker-"))
         reason = namespaces_available() if isolate else "disabled with --no-isolation"
-        self.isolated = reason is None
-        self.isolation = ("isolated: new mount/pid/net namespaces, grader files hidden, no "
-                          "capabilities" if self.isolated else
-                          f"NOT isolated ({reason}): import blocker and resource limits only")
+        if reason is None:
+            self.mode = "namespaces"
+        elif isolate and can_switch_user():
+            self.mode = "user"
+        elif isolate and os.geteuid() == 0:
+            raise SandboxUnavailable(
+                f"refusing to grade as root without a sandbox ({reason}; and no user to drop "
+                "to: CAP_SETUID/CAP_SETGID are missing). Give the grader those capabilities, "
+                "or pass --no-isolation if you trust the submissions")
+        else:
+            self.mode = "none"
+        self.uid = UID_BASE + os.getpid() if self.mode != "none" and can_switch_user() else None
+        self.isolation = {
+            "namespaces": "isolated: new mount/pid/net namespaces, grader files hidden, "
+                          "read-only file system, unprivileged user",
+            "user": f"isolated as an unprivileged user, without namespaces ({reason})",
+            "none": f"NOT isolated ({reason}): import blocker and resource limits only"}[self.mode]
+        self._workdir = Path(tempfile.mkdtemp(prefix="autograder-worker-"))
+        self._log = Path(tempfile.mkdtemp(prefix="autograder-log-")) / "output.txt"
+        LIVE.add(self)
+
+    # -- what the grader tests see -----------------------------------------------------------
+    @property
+    def last_trace(self) -> list[tuple[tuple[int, ...], bool]]:
+        """(input shape, cache passed) of every forward of the last call, recorded here."""
+        return [(f.shape, f.cache is not None) for f in self.store.trace]
+
+    @property
+    def trace(self) -> list:
+        """``store.Forward`` records (shape, cache id, cache length) of the last call."""
+        return list(self.store.trace)
+
+    def begin(self, exercise) -> None:
+        """The exercise graded from now on (its ``forbid`` list and ``timeout``)."""
+        self.exercise = exercise
+
+    def cell_source(self, grade_id: str) -> str | None:
+        return next((src for gid, src in self.cells if gid == grade_id), None)
 
     # -- worker life cycle -------------------------------------------------------------------
     def _spawn(self) -> None:
+        from autograder.plugin import REGISTRY
+        import torch
         worker_in, grader_out = os.pipe()
         grader_in, worker_out = os.pipe()
-        log = open(self._workdir / "output.txt", "ab", buffering=0)
-        command = [sys.executable, "-s", "-m", "autograder.worker", str(worker_in),
-                   str(worker_out), str(self.memory_mb)]
-        if self.isolated:
-            command = UNSHARE + command + ["--lockdown"] + self._hidden_dirs()
+        log = open(self._log, "ab", buffering=0)
+        if self.uid is not None:
+            os.chown(self._workdir, self.uid, self.uid)
+        cuda = torch.cuda.is_available()
+        config = {"in": worker_in, "out": worker_out, "memory_mb": self.memory_mb,
+                  "memory_limit": "data" if cuda else "as", "lockdown": self.mode == "namespaces",
+                  "hide": hidden_dirs(self.hide, self._workdir) if self.mode != "none" else [],
+                  "uid": self.uid, "keep_read": not readable_by_all(sys.prefix),
+                  "tmp": str(self._workdir), "max_processes": MAX_PROCESSES,
+                  "forbid": sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})}
+        command = [sys.executable, "-s", "-m", "autograder.worker", json.dumps(config)]
+        if self.mode == "namespaces":
+            command = UNSHARE + command
+        env = {k: os.environ[k] for k in ENV_KEPT if k in os.environ}
         python_path = [str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
-        env = dict(os.environ, AUTOGRADER_ROOT=str(PACKAGE_ROOT),
-                   PYTHONPATH=os.pathsep.join(python_path))
+        env.update(PYTHONPATH=os.pathsep.join(python_path), AUTOGRADER_ROOT=str(PACKAGE_ROOT),
+                   PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(min(4, os.cpu_count() or 1)))
+        if not cuda:
+            env["TRITON_INTERPRET"] = "1"
         try:
             self._proc = subprocess.Popen(
                 command, pass_fds=(worker_in, worker_out), stdin=subprocess.DEVNULL,
@@ -85,32 +147,29 @@ class SandboxLearner:
         finally:
             os.close(worker_in), os.close(worker_out), log.close()
         self._write, self._read = grader_out, grader_in
+        os.set_blocking(self._write, False), os.set_blocking(self._read, False)
         self._handles.clear()
         try:
-            ready = self._receive(time.monotonic() + STARTUP_SECONDS, "while starting")
-        except LearnerError as exc:
-            log = (self._workdir / "output.txt").read_text(errors="replace")[-3000:]
+            ready = self._exchange(None, time.monotonic() + STARTUP_SECONDS, "while starting")
+        except (LearnerError, TimeoutError) as exc:
+            log = self._log.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"the sandbox worker failed to start ({exc}):\n{log}") from None
         if not ready.get("ready"):
             raise RuntimeError("the sandbox worker did not start properly")
-
-    def _hidden_dirs(self) -> list[str]:
-        """Directories to cover: existing, not containing what the worker needs (Python, the
-        temp dir), not inside another covered one. The installed packages are added."""
-        import reference
-        needed = [Path(sys.prefix).resolve(), Path(os.__file__).resolve(), self._workdir,
-                  Path(tempfile.gettempdir()).resolve()]
-        packages = [Path(reference.__file__).resolve().parent, Path(__file__).resolve().parent]
-        chosen: list[Path] = []
-        for d in sorted({Path(p) for p in self.hide} | set(packages), key=lambda p: len(p.parts)):
-            if d.is_dir() and not any(n == d or d in n.parents for n in needed) \
-                    and not any(c == d or c in d.parents for c in chosen):
-                chosen.append(d)
-        return [str(d) for d in chosen]
+        layers = ready.get("isolation")
+        if self.mode != "none" and isinstance(layers, list) and "(worker:" not in self.isolation:
+            self.isolation += f" (worker: {', '.join(str(x) for x in layers)})"
 
     def _ensure_worker(self) -> None:
         while self._proc is None:
-            self._spawn()
+            if self._spent >= self.budget:
+                raise LearnerError(f"time budget exhausted ({self.budget:g} s for the whole "
+                                   "submission): this test was not run")
+            start = time.monotonic()
+            try:
+                self._spawn()
+            finally:  # restarts count: a submission that crashes every call must not stall us
+                self._spent += time.monotonic() - start
             for grade_id, source in self.cells:
                 if grade_id in self.cell_errors:
                     continue
@@ -127,6 +186,8 @@ class SandboxLearner:
                 os.killpg(self._proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+            if self.uid is not None:
+                kill_user(self.uid)
             self._proc.wait()
             os.close(self._write), os.close(self._read)
             self._proc = None
@@ -141,20 +202,31 @@ class SandboxLearner:
         return LearnerError(f"crashed {what} ({cause})")
 
     def close(self) -> None:
-        """Stop the worker and delete its working directory."""
+        """Stop the worker, delete its working directory and whatever its user left behind."""
         self._kill()
+        LIVE.discard(self)
         shutil.rmtree(self._workdir, ignore_errors=True)
+        shutil.rmtree(self._log.parent, ignore_errors=True)
+        if self.uid is not None and self.mode == "user":
+            delete_leftovers(self.uid)
 
     # -- one request -------------------------------------------------------------------------
-    def _receive(self, deadline: float, what: str) -> dict:
+    def _exchange(self, request: dict | None, deadline: float, what: str) -> dict:
+        """Send ``request`` (if any) and return the worker's final reply, answering the proxy
+        requests that come first. Every read and write ends at ``deadline``."""
         try:
-            reply = read_message(self._read, deadline)
-            if not isinstance(reply, dict):
-                raise ProtocolError("reply is not a dict")
-            return reply
+            if request is not None:
+                write_message(self._write, request, deadline)
+            while True:
+                reply = read_message(self._read, deadline)
+                if not isinstance(reply, dict):
+                    raise ProtocolError("reply is not a dict")
+                if reply.get("op") != "remote":
+                    return reply
+                write_message(self._write, self.store.handle(reply), deadline)
         except TimeoutError:
             self._kill()
-            raise LearnerError(f"timed out after {self.timeout:g} s — an infinite loop?") from None
+            raise
         except (EOFError, OSError):
             raise self._crashed(what) from None
         except ProtocolError as exc:
@@ -162,26 +234,31 @@ class SandboxLearner:
             raise LearnerError(f"the sandbox sent back garbage {what}: {exc}") from None
 
     def _request(self, request: dict) -> Any:
+        left = self.budget - self._spent
+        if left <= 0:
+            raise LearnerError(f"time budget exhausted ({self.budget:g} s for the whole "
+                               "submission): this test was not run")
+        limit = self.timeout if self.exercise is None or self.exercise.timeout is None \
+            else self.exercise.timeout
         self._take_log()
+        start = time.monotonic()
         try:
-            write_message(self._write, request)
-        except OSError:
-            raise self._crashed("before running your code") from None
-        try:
-            reply = self._receive(time.monotonic() + self.timeout, "while running your code")
+            reply = self._exchange(request, start + min(limit, left), "while running your code")
+        except TimeoutError:
+            if left < limit:
+                raise LearnerError(f"time budget exhausted ({self.budget:g} s for the whole "
+                                   "submission)") from None
+            raise LearnerError(f"timed out after {limit:g} s — an infinite loop?") from None
         finally:
+            self._spent += time.monotonic() - start
             self._take_log()
-        trace = reply.get("trace")
-        self.last_trace = [(tuple(s), bool(c)) for s, c in trace] if isinstance(trace, list) \
-            else []
         if not reply.get("ok"):
             raise LearnerError(str(reply.get("error", "unknown error"))[:2000])
         return from_wire(reply.get("value"))
 
     def _take_log(self) -> None:
-        path = self._workdir / "output.txt"
         try:
-            with open(path, "rb+") as log:
+            with open(self._log, "rb+") as log:
                 text = log.read(OUTPUT_LIMIT + 1).decode("utf-8", errors="replace")
                 log.truncate(0)
         except OSError:
@@ -197,10 +274,16 @@ class SandboxLearner:
 
     def _call(self, request: dict) -> Any:
         self._ensure_worker()
+        self.store.trace.clear()
+        if self.exercise is not None:
+            request["forbid"] = list(self.exercise.forbid)
         value = self._request(request)
         for handle in _handles_in(value):
             self._handles.add(handle.id)
         return value
+
+    def _wire(self, value: Any) -> Any:
+        return to_wire(value, self.store.register)
 
     def _target(self, handle: Handle) -> dict:
         if not isinstance(handle, Handle) or handle.id not in self._handles:
@@ -211,7 +294,8 @@ class SandboxLearner:
     # -- the learner API ---------------------------------------------------------------------
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Result of the learner's function ``name(*args, **kwargs)`` (plain data or Handle)."""
-        request = {"op": "call", "name": name, "args": to_wire(args), "kwargs": to_wire(kwargs)}
+        request = {"op": "call", "name": name, "args": self._wire(args),
+                   "kwargs": self._wire(kwargs)}
         try:
             return self._call(request)
         except LearnerError as exc:
@@ -227,12 +311,18 @@ class SandboxLearner:
     def method(self, handle: Handle, name: str, *args: Any, **kwargs: Any) -> Any:
         """Result of ``obj.name(*args, **kwargs)`` for the object behind ``handle``."""
         return self._call({"op": "call", "handle": self._target(handle), "attr": name,
-                           "args": to_wire(args), "kwargs": to_wire(kwargs)})
+                           "args": self._wire(args), "kwargs": self._wire(kwargs)})
 
     def getattr(self, handle: Handle, attr: str) -> Any:
         """Value of attribute ``attr`` of the object behind ``handle``."""
         return self._call({"op": "call", "handle": self._target(handle), "attr": attr,
                            "get": True, "args": (), "kwargs": {}})
+
+    def launch(self, kernel: str, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> list:
+        """Run the learner's Triton kernel ``kernel[grid](*args, **kwargs)``; returns ``args``
+        as they are after the launch (the kernel's outputs are written into them)."""
+        return self._call({"op": "launch", "name": kernel, "grid": [int(g) for g in grid],
+                           "args": self._wire(args), "kwargs": self._wire(kwargs)})
 
 
 def _handles_in(value: Any) -> list[Handle]:

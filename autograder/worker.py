@@ -1,66 +1,47 @@
 """The sandbox worker: runs learner code (solution cells) and answers the grader's requests.
 
-Started by ``autograder.sandbox`` as ``python -s -m autograder.worker IN_FD OUT_FD MEMORY_MB
-[--lockdown HIDE...]``. Trusted bootstrap, in this order: import torch and ``reference.model`` /
-``reference.kv_cache``; with ``--lockdown`` (root, inside ``unshare``'s new namespaces) mount an
-empty read-only tmpfs over each HIDE directory and drop every capability; fork (the parent only
-relays the exit status, so that killing "the parent" cannot reach the grader); set rlimits;
-forget ``reference``/``autograder`` and block importing them. Then learner code runs.
+Started by ``autograder.sandbox`` as ``python -s -m autograder.worker CONFIG_JSON``. Trusted
+bootstrap (``autograder.confine``), in this order: import torch and the worker's own modules
+(never ``reference``); with ``lockdown`` (root, inside ``unshare``'s new namespaces) hide the
+grader's directories under empty read-only tmpfs mounts, make every other mount read-only and
+mount a private ``/tmp``; with ``uid`` drop to that unprivileged user and group (all
+capabilities go) and set no_new_privs; with Landlock, allow writes only in the private
+temporary directory (and, without namespaces, no reads of the grader's directories); fork (the
+parent only relays the exit status, so that killing "the parent" cannot reach the grader); set
+rlimits; install the forbidden-function guard; forget ``reference``/``autograder`` and block
+importing them. Then learner code runs.
+
+Models and caches given to learner code are proxies (``autograder.proxies``): using one sends a
+``remote`` request to the grader and waits for its answer on the same pipes.
 """
 from __future__ import annotations
 
 import ctypes
+import json
 import linecache
 import math
 import os
+import re
 import resource
 import signal
 import sys
 from importlib.abc import MetaPathFinder
+from pathlib import Path
 
 import torch
 from torch.nn import functional as F
 from torch import Tensor
 
+from autograder.confine import drop_privileges, landlock, lock_down
 from autograder.errors import describe
+from autograder.forbid import Guard
 from autograder.protocol import read_message, write_message
-from autograder.refs import Resolver
-from reference.kv_cache import KVCache  # noqa: F401  (imported while still readable)
-from reference.model import build_tiny
+from autograder.proxies import LearnerSide
 
 FORBIDDEN = ("reference", "autograder")
+CELL_DIR = "learner_cells"
 LIBC = ctypes.CDLL(None, use_errno=True)
-
-
-class _CapHeader(ctypes.Structure):
-    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
-
-
-class _CapData(ctypes.Structure):
-    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
-                ("inheritable", ctypes.c_uint32)]
-
-
-def _check(result: int, what: str) -> None:
-    if result != 0:
-        errno = ctypes.get_errno()
-        raise OSError(errno, f"{what}: {os.strerror(errno)}")
-
-
-def lock_down(hide: list[str]) -> None:
-    """Hide ``hide`` directories under empty read-only tmpfs mounts, then drop all capabilities
-    (bounding, ambient, effective, permitted, inheritable) and set no_new_privs."""
-    flags = 1 | 2 | 4 | 8  # MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
-    for path in hide:
-        _check(LIBC.mount(b"none", path.encode(), b"tmpfs", flags, b"size=4k,mode=0555"),
-               f"mount tmpfs over {path}")
-    for cap in range(64):
-        if LIBC.prctl(24, cap, 0, 0, 0) != 0:  # PR_CAPBSET_DROP; EINVAL past the last cap
-            break
-    _check(LIBC.prctl(47, 4, 0, 0, 0), "clear ambient capabilities")
-    data = (_CapData * 2)()
-    _check(LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "capset")
-    _check(LIBC.prctl(38, 1, 0, 0, 0), "no_new_privs")
+PR_SET_PDEATHSIG = 1
 
 
 class ImportBlocker(MetaPathFinder):
@@ -75,10 +56,12 @@ class ImportBlocker(MetaPathFinder):
 
 
 def relay_exit_status() -> None:
-    """Fork; the parent waits for the child and exits with its status (128 + signal)."""
+    """Fork; the parent waits for the child and exits with its status (128 + signal). Both die
+    with their parent (PR_SET_PDEATHSIG, set after any change of user)."""
+    LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     child = os.fork()
     if child == 0:
-        LIBC.prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG: die with the relay
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         return
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, signal.SIG_IGN)
@@ -86,12 +69,17 @@ def relay_exit_status() -> None:
     os._exit(os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status))
 
 
-def restrict(memory_mb: int) -> None:
-    """Apply rlimits and hide the grader's packages from ``import``."""
+def restrict(memory_mb: int, memory_limit: str, max_processes: int | None) -> None:
+    """Apply rlimits and hide the grader's packages from ``import``. ``memory_limit`` is "as"
+    (address space) or "data" (RLIMIT_DATA: on CUDA machines, where the driver reserves far more
+    address space than it uses)."""
     limit = memory_mb * 2**20
-    resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+    kind = resource.RLIMIT_DATA if memory_limit == "data" else resource.RLIMIT_AS
+    resource.setrlimit(kind, (limit, limit))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 2**20, 64 * 2**20))
+    if max_processes:
+        resource.setrlimit(resource.RLIMIT_NPROC, (max_processes, max_processes))
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     for name in list(sys.modules):
         if name.split(".")[0] in FORBIDDEN:
@@ -102,8 +90,7 @@ def restrict(memory_mb: int) -> None:
 
 
 def refuse_grader_code(name: str, target) -> None:
-    """Refuse a graded name bound to (a subclass of) reference/autograder code, which learner
-    code can reach through the reference objects it is given."""
+    """Refuse a graded name bound to (a subclass of) autograder code (e.g. a proxy class)."""
     classes = target.__mro__ if isinstance(target, type) else (target,)
     for item in classes:
         module = getattr(item, "__module__", None) or ""
@@ -113,47 +100,69 @@ def refuse_grader_code(name: str, target) -> None:
 
 
 class Worker:
-    """Request loop. Requests are dicts with ``op``: ``exec`` (``grade_id``, ``source``) or
-    ``call`` (``name`` or ``handle`` + ``attr``, ``args``, ``kwargs``, ``get`` for getattr)."""
+    """Request loop. Requests are dicts with ``op``: ``exec`` (``grade_id``, ``source``),
+    ``call`` (``name`` or ``handle`` + ``attr``, ``args``, ``kwargs``, ``get`` for getattr,
+    ``forbid``) or ``launch`` (``name``, ``grid``, ``args``, ``kwargs``: a Triton kernel)."""
 
-    def __init__(self, memory_mb: int):
-        self.memory_mb = memory_mb
+    def __init__(self, in_fd: int, out_fd: int, memory_mb: int, tmp: str, forbid: list[str]):
+        self.in_fd, self.out_fd, self.memory_mb = in_fd, out_fd, memory_mb
         self.namespace = {"__name__": "__learner__", "torch": torch, "math": math, "F": F,
                           "Tensor": Tensor}
-        self.resolver = Resolver(build_tiny)
+        self.side = LearnerSide(self.remote)
+        self.guard = Guard(forbid).install()
+        self.cells = Path(tmp) / CELL_DIR
+        self.cells.mkdir(exist_ok=True)
+
+    def remote(self, request: dict) -> dict:
+        """Send a proxy's request to the grader and wait for its answer."""
+        write_message(self.out_fd, request)
+        reply = read_message(self.in_fd)
+        return reply if isinstance(reply, dict) else {"ok": False, "error": "bad reply"}
 
     def exec_cell(self, grade_id: str, source: str) -> None:
-        code = compile(source, f"<cell {grade_id}>", "exec")
-        linecache.cache[f"<cell {grade_id}>"] = (len(source), None,
-                                                 source.splitlines(True), f"<cell {grade_id}>")
-        exec(code, self.namespace)
+        """Run a cell from a file of its own (so that ``inspect.getsource`` works, as the
+        Triton interpreter needs)."""
+        path = self.cells / f"{re.sub(r'[^A-Za-z0-9_]', '_', grade_id)}.py"
+        path.write_text(source)
+        linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
+        exec(compile(source, str(path), "exec"), self.namespace)
+
+    def _lookup(self, name: str):
+        if name not in self.namespace:
+            raise NameError(f"`{name}` is not defined by your solution cells")
+        target = self.namespace[name]
+        refuse_grader_code(name, target)
+        return target
 
     def call(self, request: dict):
-        args, kwargs = self.resolver.args((request["args"], request["kwargs"]))
-        if "handle" in request:
-            target = getattr(self.resolver.resolve(request["handle"]), request["attr"])
-            if request.get("get"):
-                return self.resolver.result(target)
-        elif request["name"] not in self.namespace:
-            raise NameError(f"`{request['name']}` is not defined by your solution cells")
-        else:
-            target = self.namespace[request["name"]]
-            refuse_grader_code(request["name"], target)
-        return self.resolver.result(target(*args, **kwargs))
+        args, kwargs = self.side.args((request["args"], request["kwargs"]))
+        with self.guard.forbidding(request.get("forbid", ())):
+            if request["op"] == "launch":
+                kernel = self._lookup(request["name"])
+                if type(kernel).__name__ not in ("JITFunction", "InterpretedFunction", "Autotuner",
+                                                 "Heuristics"):
+                    raise TypeError(f"`{request['name']}` must be a @triton.jit kernel")
+                kernel[tuple(request["grid"])](*args, **kwargs)
+                return self.side.result(list(args))
+            if "handle" in request:
+                target = getattr(self.side.resolve(request["handle"]), request["attr"])
+                if request.get("get"):
+                    return self.side.result(target)
+            else:
+                target = self._lookup(request["name"])
+            return self.side.result(target(*args, **kwargs))
 
     def handle(self, request: dict) -> dict:
-        self.resolver.trace.clear()
         try:
             if request["op"] == "exec":
                 value = self.exec_cell(request["grade_id"], request["source"])
             else:
                 value = self.call(request)
-            reply = {"ok": True, "value": value}
+            reply = {"op": "done", "ok": True, "value": value}
         except BaseException as exc:  # noqa: BLE001 - learner code may raise anything
             if isinstance(exc, SystemExit):
                 exc = RuntimeError(f"your code called exit({exc.code!r})")
-            reply = {"ok": False, "error": describe(exc, self.memory_mb)}
-        reply["trace"] = list(self.resolver.trace)
+            reply = {"op": "done", "ok": False, "error": describe(exc, self.memory_mb)}
         for stream in (sys.stdout, sys.stderr):
             try:
                 stream.flush()
@@ -163,26 +172,38 @@ class Worker:
 
 
 def main(argv: list[str]) -> None:
-    in_fd, out_fd, memory_mb = int(argv[0]), int(argv[1]), int(argv[2])
-    isolation = "none"
-    if len(argv) > 3 and argv[3] == "--lockdown":
-        lock_down(argv[4:])
-        isolation = "lockdown"
+    config = json.loads(argv[0])
+    tmp, isolation = config["tmp"], []
+    if config["lockdown"]:
+        tmp = lock_down(config["hide"])
+        isolation.append("namespaces")
+    if config["uid"] is not None or config["lockdown"]:
+        drop_privileges(config["uid"], config["keep_read"])
+        isolation.append("unprivileged user" if config["uid"] is not None else "no capabilities")
+    if tmp != config["tmp"]:
+        tmp = os.path.join(tmp, "work")
+        os.mkdir(tmp, 0o700)
+    os.chdir(tmp)
+    os.environ.update(HOME=tmp, TMPDIR=tmp)
+    if config["uid"] is not None and landlock(tmp, [] if config["lockdown"] else config["hide"]):
+        isolation.append("Landlock: writes only in its temporary directory"
+                         + ("" if config["lockdown"] else ", grader files unreadable"))
     relay_exit_status()
-    restrict(memory_mb)
-    worker = Worker(memory_mb)
-    write_message(out_fd, {"ready": True, "isolation": isolation})
+    restrict(config["memory_mb"], config["memory_limit"],
+             config["max_processes"] if config["uid"] is not None else None)
+    worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])
+    write_message(worker.out_fd, {"ready": True, "isolation": isolation})
     while True:
         try:
-            request = read_message(in_fd)
+            request = read_message(worker.in_fd)
         except EOFError:
             os._exit(0)
         reply = worker.handle(request)
         try:
-            write_message(out_fd, reply)
+            write_message(worker.out_fd, reply)
         except Exception as exc:  # noqa: BLE001 - a result torch.save cannot write
-            write_message(out_fd, {"ok": False, "trace": [], "error":
-                                   f"your result could not be sent back ({describe(exc)})"})
+            write_message(worker.out_fd, {"op": "done", "ok": False, "error":
+                                          f"your result could not be sent back ({describe(exc)})"})
 
 
 if __name__ == "__main__":

@@ -68,7 +68,7 @@ def batches(chapter: str) -> dict[str, dict[str, Section]]:
     return out
 
 
-def grade_chapters(chapters: list[str], workdir: Path, *, seed: int = 1234, timeout: float = 5,
+def grade_chapters(chapters: list[str], workdir: Path, *, seed: int = 1234, timeout: float = 10,
                    jobs: int = 2) -> dict[str, dict[str, Graded]]:
     """Grade the stub ("stub") and every batch of each chapter with ONE call of the CLI.
 

@@ -13,6 +13,7 @@ from autograder.notebook import (NotebookError, chapter_of, inject, read_noteboo
                                  solution_cells)
 from autograder.protocol import MAX_MESSAGE, HEADER, ProtocolError, decode, encode, read_message
 from autograder.refs import CacheRef, Handle, ModelRef, from_wire, to_wire
+from autograder.store import ReferenceStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -69,16 +70,22 @@ def test_inject_replaces_only_the_named_solution_cells(tmp_path):
 
 
 def test_protocol_round_trip_of_plain_data_and_markers():
+    store = ReferenceStore()
+    refs = to_wire([ModelRef("tiny", 3), CacheRef(3, 16), Handle(7)], store.register)
     value = {"t": torch.arange(6).reshape(2, 3)[:, 1], "xs": [1, 2.5, "s", None, (True,)],
-             "refs": to_wire([ModelRef("tiny", 3), CacheRef(3, 16), Handle(7)])}
+             "refs": refs}
     data = encode(value)
     (size,) = HEADER.unpack(data[:HEADER.size])
     back = decode(data[HEADER.size:])
     assert size == len(data) - HEADER.size
     assert torch.equal(back["t"], torch.tensor([1, 4])) and back["xs"] == value["xs"]
     assert from_wire(back["refs"][2]) == Handle(7)
+    model, cache = from_wire(back["refs"][:2])
+    assert (model.kind, cache.kind) == ("model", "cache") and store.get(cache).max_len == 16
+    with pytest.raises(TypeError, match="store"):
+        to_wire(ModelRef("tiny", 3))
     with pytest.raises(ValueError, match="unexpected marker"):
-        from_wire(back["refs"][0])
+        from_wire({"__autograder__": "model"})
 
 
 @pytest.mark.filterwarnings("ignore:Detected pickle protocol")
@@ -134,10 +141,10 @@ def test_local_learner_and_check_report_points(capsys):
 
     def add(a, b):
         raise NotImplementedError()
-    with pytest.raises(AssertionError, match="add: 0/2 points"):
+    with pytest.raises(AssertionError, match="add: 2 of 2 tests fail(.|\n)*not implemented yet"):
         check(add)
-    out = capsys.readouterr().out
-    assert "✗ test_add_ints" in out and "not implemented yet" in out and "0/2 points" in out
+    out = capsys.readouterr().out  # every line is printed before the error
+    assert "✗ test_add_ints" in out and "✗ test_add_tensors" in out and "0/2 points" in out
     check(namespace["last_logits"])
     assert "1/1 points" in capsys.readouterr().out
 
@@ -147,3 +154,81 @@ def test_cli_help_lists_the_options():
                          capture_output=True, text=True).stdout
     for option in ("--json", "--csv", "--jobs", "--timeout", "--memory-mb", "--seed", "--tests"):
         assert option in out
+
+
+def test_check_counts_a_skipped_test_as_a_failure(capsys):
+    import pytest as _pytest
+    from autograder.local import check
+    from autograder.plugin import REGISTRY, exercise
+
+    @exercise("skipper_exercise", points=1)
+    def test_skips(learner, seed):
+        _pytest.skip("needs a GPU")
+
+    def skipper_exercise():
+        return None
+    try:
+        with pytest.raises(AssertionError, match="skipped: needs a GPU"):
+            check(skipper_exercise, seed=0)
+        assert "✗ test_skips" in capsys.readouterr().out
+    finally:
+        REGISTRY.pop("skipper_exercise")
+
+
+def test_exercise_timeout_replaces_the_call_limit_and_forbid_is_enforced():
+    from autograder.plugin import Exercise
+    from autograder.sandbox import SandboxLearner
+    cells = [("spin", "import time\ndef spin():\n    time.sleep(30)"),
+             ("fused", "def fused(q):\n    return F.scaled_dot_product_attention(q, q, q)")]
+    learner = SandboxLearner(cells, timeout=30,
+                             forbid=["torch.nn.functional.scaled_dot_product_attention"])
+    try:
+        learner.begin(Exercise("spin", 1, timeout=1))
+        with pytest.raises(AssertionError, match="timed out after 1 s"):
+            learner.call("spin")
+        learner.begin(Exercise("fused", 1, forbid=(
+            "torch.nn.functional.scaled_dot_product_attention",)))
+        with pytest.raises(AssertionError, match="scaled_dot_product_attention` is forbidden"):
+            learner.call("fused", torch.randn(1, 1, 2, 4))
+        learner.begin(Exercise("fused", 1))  # allowed in another exercise
+        assert learner.call("fused", torch.randn(1, 1, 2, 4)).shape == (1, 1, 2, 4)
+    finally:
+        learner.close()
+
+
+def test_static_look_names_forbidden_functions_but_not_in_docstrings():
+    from autograder.forbid import uses_in_source
+    name = ["torch.nn.functional.scaled_dot_product_attention"]
+    doc = 'def f(q):\n    """Do not call scaled_dot_product_attention."""\n    return q  # nor here'
+    assert uses_in_source(doc, name) == []
+    for source in ("y = F.scaled_dot_product_attention(q, k, v)",
+                   "from torch.nn.functional import scaled_dot_product_attention as a",
+                   "f = getattr(F, 'scaled_dot_product_attention')"):
+        assert uses_in_source(source, name) == name, source
+
+
+def test_an_honest_model_forward_loop_passes_cached_generate(capsys):
+    from autograder.local import base_namespace, check
+    from autograder.solutions import load_solutions
+    source = load_solutions("ch02_kv_cache")["cached_generate"].replace("model(", "model.forward(")
+    assert "model.forward(" in source
+    namespace = base_namespace()
+    exec(source, namespace)
+    check(namespace["cached_generate"], seed=5)  # raises AssertionError if a test fails
+    assert "all tests pass" in capsys.readouterr().out
+
+
+def test_the_grader_side_store_refuses_bad_or_excessive_requests():
+    store = ReferenceStore()
+    model = store.register(ModelRef("tiny", 0))
+
+    def ask(method, *args, target=model):
+        return store.handle({"id": target.id, "method": method, "args": args, "kwargs": {}})
+    assert ask("forward", torch.tensor([[1, 2]]))["ok"] and len(store.trace) == 1
+    for bad in (torch.tensor([[1.5]]), torch.tensor([[999]]), torch.zeros(9, 1, dtype=torch.long)):
+        assert not ask("forward", bad)["ok"]
+    assert "no method" in ask("__class__")["error"] and "no method" in ask("state_dict")["error"]
+    assert not ask("forward", torch.tensor([[1]]), None, {"__autograder__": "remote",
+                                                          "kind": "model", "id": model.id})["ok"]
+    replies = [ask("new_cache", 1, 4) for _ in range(300)]
+    assert replies[0]["ok"] and "more than" in replies[-1]["error"]

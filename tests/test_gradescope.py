@@ -203,9 +203,7 @@ def test_stub_scores_zero_out_of_full(zip_path, tmp_path, mode):
     pytest.param("unshare", marks=pytest.mark.skipif(
         os.geteuid() != 0, reason="learner code is contained only when grading as root, as on "
         "Gradescope and in CI")),
-    pytest.param("no_sys_admin", marks=[
-        *MODES[1].marks,
-        pytest.mark.xfail(strict=False, reason="needs grader-core sandbox fallback")])])
+    pytest.param("no_sys_admin", marks=MODES[1].marks)])
 def test_hostile_submission_scores_zero_on_its_exercises_and_forges_nothing(zip_path, tmp_path,
                                                                             mode):
     root = tmp_path / "autograder"

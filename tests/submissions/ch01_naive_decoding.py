@@ -74,18 +74,10 @@ def causal_attention(q, k, v):
     return s.softmax(-1) @ v
 
 
-# %% grade_id: causal_attention | cheat: disables torch's comparisons and returns its input
-# expect: one of the inputs
-import torch
-import torch.testing
-
-torch.allclose = lambda *a, **k: True
-torch.equal = lambda *a, **k: True
-torch.testing.assert_close = lambda *a, **k: None
-
-
+# %% grade_id: causal_attention | cheat: calls the fused kernel the exercise forbids
+# expect: which this exercise forbids
 def causal_attention(q, k, v):
-    return v
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
 # %% grade_id: causal_attention | cheat: returns a tensor of the right shape

@@ -126,6 +126,24 @@ class KVCache:
                 lists[i] = [torch.cat(chunks, dim=-2)[..., :n, :]] if chunks else []
 
 
+# %% grade_id: KVCache | cheat: wraps a reference cache class found in the learner's process
+# expect: is not defined because its cell failed
+import gc
+import sys
+
+_Ref = getattr(sys.modules["__main__"], "KVCache", None) or next(
+    o for o in gc.get_objects() if isinstance(o, type)
+    and getattr(o, "__module__", "").startswith("reference"))
+
+
+class KVCache:
+    def __init__(self, *args, **kwargs):
+        object.__setattr__(self, "_cache", _Ref(*args, **kwargs))
+
+    def __getattr__(self, name):
+        return getattr(self._cache, name)
+
+
 # %% grade_id: KVCache | cheat: imports the reference cache
 # expect: is not allowed
 from reference.kv_cache import KVCache  # noqa: F401
@@ -145,18 +163,13 @@ def decode_attention(q, k, v):
     return s.masked_fill(mask, float("-inf")).softmax(-1) @ v
 
 
-# %% grade_id: decode_attention | cheat: disables torch's comparisons and returns the query
-# expect: one of its inputs
-import torch
-import torch.testing
-
-torch.allclose = lambda *a, **k: True
-torch.equal = lambda *a, **k: True
-torch.testing.assert_close = lambda *a, **k: None
+# %% grade_id: decode_attention | cheat: reaches the forbidden fused kernel by a built name
+# expect: is forbidden in this exercise
+_fused = getattr(F, "scaled_dot_" + "product_attention")
 
 
 def decode_attention(q, k, v):
-    return q
+    return _fused(q, k, v)
 
 
 # %% grade_id: decode_attention | cheat: returns the newest value vector
@@ -212,6 +225,21 @@ def cached_generate(model, prompt_ids, n_new, cache):
         tok = int(model(torch.tensor([seq]))[0, -1].argmax())
         out.append(tok)
         seq.append(tok)
+    return out
+
+
+# %% grade_id: cached_generate | cheat: naive loop through model.forward, then decoy calls shaped like a cached loop
+# expect: without the cache
+def cached_generate(model, prompt_ids, n_new, cache):
+    seq, out = list(prompt_ids), []
+    for _ in range(n_new):
+        tok = int(model.forward(torch.tensor([seq]))[0, -1].argmax())
+        out.append(tok)
+        seq.append(tok)
+    decoy = model.new_cache(batch=1)
+    model(torch.tensor([list(prompt_ids)]), cache=decoy)
+    for _ in range(n_new - 1):
+        model(torch.tensor([[0]]), cache=decoy)
     return out
 
 

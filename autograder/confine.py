@@ -1,0 +1,146 @@
+"""Confining the sandbox worker before learner code runs (called by ``autograder.worker``):
+namespaced mounts, dropping to an unprivileged user and capabilities, Landlock rules.
+Linux only; every step that fails raises ``OSError`` naming it.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from pathlib import Path
+
+LIBC = ctypes.CDLL(None, use_errno=True)
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
+PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 8, 24, 47
+PR_SET_NO_NEW_PRIVS, CAP_DAC_READ_SEARCH = 38, 2
+
+
+class _CapHeader(ctypes.Structure):
+    _fields_ = [("version", ctypes.c_uint32), ("pid", ctypes.c_int)]
+
+
+class _CapData(ctypes.Structure):
+    _fields_ = [("effective", ctypes.c_uint32), ("permitted", ctypes.c_uint32),
+                ("inheritable", ctypes.c_uint32)]
+
+
+class _MountAttr(ctypes.Structure):
+    _fields_ = [("attr_set", ctypes.c_uint64), ("attr_clr", ctypes.c_uint64),
+                ("propagation", ctypes.c_uint64), ("userns_fd", ctypes.c_uint64)]
+
+
+def _check(result: int, what: str) -> None:
+    if result != 0:
+        errno = ctypes.get_errno()
+        raise OSError(errno, f"{what}: {os.strerror(errno)}")
+
+
+def lock_down(hide: list[str]) -> str:
+    """Inside a new mount namespace: hide ``hide`` under empty read-only tmpfs mounts, make
+    every mount read-only, mount a fresh writable tmpfs on /tmp. Returns the private temp dir."""
+    flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
+    for path in hide:
+        _check(LIBC.mount(b"none", path.encode(), b"tmpfs", flags, b"size=4k,mode=0555"),
+               f"mount tmpfs over {path}")
+    attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+    _check(LIBC.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
+                        ctypes.sizeof(attr)), "make / read-only")
+    _check(LIBC.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV,
+                      b"size=512m,mode=1777"), "mount a private /tmp")
+    return "/tmp"
+
+
+def drop_privileges(uid: int | None, keep_read: bool) -> None:
+    """Empty the capability bounding set; with ``uid``, become that user and group; clear every
+    capability but, with ``keep_read``, CAP_DAC_READ_SEARCH (read any file, write none: for a
+    Python installed where other users cannot read it, e.g. under /root). Then no_new_privs."""
+    for cap in range(64):
+        if cap != CAP_DAC_READ_SEARCH or not keep_read:
+            if LIBC.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:  # EINVAL past the last cap
+                break
+    if uid is not None:
+        _check(LIBC.prctl(PR_SET_KEEPCAPS, 1, 0, 0, 0), "keep capabilities")
+        os.setgroups([])
+        os.setresgid(uid, uid, uid)
+        os.setresuid(uid, uid, uid)
+    _check(LIBC.prctl(PR_CAP_AMBIENT, 4, 0, 0, 0), "clear ambient capabilities")
+    kept = 1 << CAP_DAC_READ_SEARCH if keep_read else 0
+    data = (_CapData * 2)(_CapData(kept, kept, 0), _CapData(0, 0, 0))
+    _check(LIBC.capset(ctypes.byref(_CapHeader(0x20080522, 0)), data), "capset")
+    _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+
+
+LANDLOCK_CREATE_RULESET, LANDLOCK_ADD_RULE, LANDLOCK_RESTRICT_SELF = 444, 445, 446
+WRITE_FILE, READ_FILE, READ_DIR = 1 << 1, 1 << 2, 1 << 3
+MAKE_ALL = sum(1 << b for b in range(4, 13))  # remove dir/file, make char/dir/reg/sock/...
+REFER, TRUNCATE = 1 << 13, 1 << 14
+
+
+class _PathBeneath(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+def landlock_abi() -> int:
+    """The kernel's Landlock ABI version (0: not available)."""
+    return max(0, LIBC.syscall(LANDLOCK_CREATE_RULESET, None, 0, 1))
+
+
+def readable_cover(hidden: list[str]) -> list[str]:
+    """Paths whose subtrees together hold every file except those under ``hidden``: the
+    siblings of each directory on the way from / down to a hidden one."""
+    hidden_paths = [Path(h) for h in hidden]
+    cover: list[str] = []
+
+    def walk(folder: Path) -> None:
+        try:
+            entries = list(os.scandir(folder))
+        except OSError:
+            return
+        for entry in entries:
+            path = Path(entry.path)
+            if path in hidden_paths:
+                continue
+            if entry.is_dir(follow_symlinks=False) and any(path in h.parents for h in hidden_paths):
+                walk(path)
+            else:
+                cover.append(str(path))
+    if hidden_paths:
+        walk(Path("/"))
+    return cover
+
+
+def landlock(tmp: str, hidden: list[str]) -> bool:
+    """With Landlock: creating, changing or deleting files only beneath ``tmp`` (and writing to
+    existing devices, e.g. /dev/null), and no reading under ``hidden``, whatever the file
+    permissions say. Returns False when the kernel has no Landlock."""
+    abi = landlock_abi()
+    if abi == 0:
+        return False
+    writes = WRITE_FILE | MAKE_ALL | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
+    reads = READ_FILE | READ_DIR if hidden else 0
+    attr = ctypes.c_uint64(writes | reads)
+    ruleset = LIBC.syscall(LANDLOCK_CREATE_RULESET, ctypes.byref(attr), 8, 0)
+    if ruleset < 0:
+        return False
+    rules = [(tmp, writes | reads), ("/dev", WRITE_FILE | (TRUNCATE if abi >= 3 else 0))]
+    rules += [(path, reads) for path in readable_cover(hidden)]
+    try:
+        for path, allowed in rules:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_NOFOLLOW)
+            except OSError:
+                continue
+            try:
+                if not os.path.isdir(path) or os.path.islink(path):
+                    allowed &= READ_FILE | WRITE_FILE | TRUNCATE  # rights that apply to files
+                rule = _PathBeneath(allowed, fd)
+                _check(LIBC.syscall(LANDLOCK_ADD_RULE, ruleset, 1, ctypes.byref(rule), 0),
+                       f"landlock rule for {path}")
+            finally:
+                os.close(fd)
+        _check(LIBC.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+        _check(LIBC.syscall(LANDLOCK_RESTRICT_SELF, ruleset, 0), "landlock_restrict_self")
+    finally:
+        os.close(ruleset)
+    return True

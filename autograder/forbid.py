@@ -1,0 +1,108 @@
+"""Functions a grader forbids in an exercise (``@exercise(..., forbid=[...])``).
+
+Two checks, both named in the report:
+
+- static, grader side: ``uses_in_source`` looks for the function's name in the cell's source;
+- run time, learner side: ``Guard`` replaces the function (under every name it has in ``torch``,
+  ``torch.nn.functional`` and ``torch._C._nn``) by a wrapper that raises
+  ``ForbiddenFunctionError`` while an exercise that forbids it is being graded. In the sandbox
+  the guard is installed before any learner cell runs, so aliases taken by a cell are guarded too.
+"""
+from __future__ import annotations
+
+import ast
+import contextlib
+import functools
+import importlib
+from typing import Any, Iterable, Iterator
+
+SEARCHED = ("torch", "torch.nn.functional", "torch._C._nn", "torch.functional", "torch.special")
+
+
+class ForbiddenFunctionError(RuntimeError):
+    """Learner code called a function its exercise forbids."""
+
+
+def _resolve(dotted: str) -> Any:
+    module, _, attr = dotted.rpartition(".")
+    return getattr(importlib.import_module(module), attr)
+
+
+class Guard:
+    """Wraps each function of ``names`` (dotted paths); ``active`` is the set that raises now."""
+
+    def __init__(self, names: Iterable[str]):
+        self.names = sorted(set(names))
+        self.active: frozenset[str] = frozenset()
+        self._patches: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> "Guard":
+        for name in self.names:
+            original = _resolve(name)
+            wrapper = self._wrapper(name, original)
+            for module_name in SEARCHED:
+                module = importlib.import_module(module_name)
+                for attr, value in list(vars(module).items()):
+                    if value is original:
+                        setattr(module, attr, wrapper)
+                        self._patches.append((module, attr, original))
+        return self
+
+    def uninstall(self) -> None:
+        for module, attr, original in reversed(self._patches):
+            setattr(module, attr, original)
+        self._patches.clear()
+
+    def _wrapper(self, name: str, original: Any):
+        @functools.wraps(original)
+        def guarded(*args, **kwargs):
+            if name in self.active:
+                raise ForbiddenFunctionError(
+                    f"`{name}` is forbidden in this exercise: the grader forbids it so that you "
+                    "write the computation yourself")
+            return original(*args, **kwargs)
+        return guarded
+
+    @contextlib.contextmanager
+    def forbidding(self, names: Iterable[str]) -> Iterator[None]:
+        """Make ``names`` raise inside the block."""
+        before, self.active = self.active, frozenset(names) & frozenset(self.names)
+        try:
+            yield
+        finally:
+            self.active = before
+
+
+def uses_in_source(source: str, names: Iterable[str]) -> list[str]:
+    """The forbidden ``names`` whose last component appears in ``source`` as a name, an
+    attribute or inside a string literal (docstrings and comments do not count: a stub may say
+    what not to use)."""
+    words: set[str] = set()
+    strings: list[str] = []
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        words.update(source.replace(".", " ").replace("(", " ").split())
+    else:
+        docstrings = {id(node.value) for node in ast.walk(tree)
+                      if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+                      and isinstance(node.value.value, str)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                words.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                words.add(node.attr)
+            elif isinstance(node, ast.alias):
+                words.update(node.name.split("."))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in docstrings:
+                strings.append(node.value)
+    return [n for n in names if n.rsplit(".", 1)[-1] in words
+            or any(n.rsplit(".", 1)[-1] in s for s in strings)]
+
+
+def forbidden_message(grade_id: str, names: list[str]) -> str:
+    """The report line for a cell that names forbidden functions."""
+    listed = ", ".join(f"`{n}`" for n in names)
+    return (f"your `{grade_id}` cell uses {listed}, which this exercise forbids: write the "
+            "computation yourself")
