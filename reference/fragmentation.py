@@ -34,6 +34,7 @@ class PoolStats:
     held: int
     tail_slack: int
     holes: int
+    requests: int   # requests holding memory
 
     @property
     def free(self) -> int:
@@ -78,7 +79,7 @@ class PagedPool:
     def stats(self) -> PoolStats:
         held = (self.manager.num_blocks - self.manager.num_free_blocks) * self.block_size
         live = sum(self.manager.num_tokens(r) for r in self.requests)
-        return PoolStats(self.num_slots, live, held, held - live, holes=0)
+        return PoolStats(self.num_slots, live, held, held - live, holes=0, requests=len(self.requests))
 
 
 class ContiguousPool:
@@ -107,7 +108,7 @@ class ContiguousPool:
     def stats(self) -> PoolStats:
         a = self.allocator
         return PoolStats(self.num_slots, a.live_tokens, a.reserved_slots,
-                         a.reserved_slots - a.live_tokens, a.holes)
+                         a.reserved_slots - a.live_tokens, a.holes, len(a.regions))
 
 
 # ----- explicit events ----------------------------------------------------------------------
@@ -249,3 +250,26 @@ def simulate(requests: list[Request], pool, max_steps: int = 1_000_000) -> SimRe
             running.append(waiting.popleft())
         result.stats.append(pool.stats())
     return result
+
+
+def main() -> None:
+    """`python -m reference.fragmentation`: the walkthrough table, then one Pareto workload."""
+    pools = {"contiguous": lambda n, b: ContiguousPool(n), "paged": PagedPool}
+    print(f"walkthrough: {WALKTHROUGH_SLOTS} slots, paged as blocks of {WALKTHROUGH_BLOCK_SIZE}")
+    for name, make in pools.items():
+        for rec in replay(WALKTHROUGH, make(WALKTHROUGH_SLOTS, WALKTHROUGH_BLOCK_SIZE)):
+            s = rec.stats
+            print(f"  {name:10s} {rec.title:15s} live {s.live:2d}  held {s.held:2d}  tail slack {s.tail_slack:2d}"
+                  f"  holes {s.holes:2d}  free {s.free:2d}  utilisation {s.utilisation:6.1%}"
+                  + (f"  refused {', '.join(rec.refused)}" if rec.refused else ""))
+    requests = random_workload(200, seed=0)
+    print("\n200 requests at once (seed 0, Pareto outputs, max_tokens 512), 4096 slots, blocks of 16:")
+    for name, make in pools.items():
+        r = simulate(requests, make(4096, 16))
+        print(f"  {name:10s} steps {r.steps:5d}  mean utilisation {r.mean_utilisation:6.1%}"
+              f"  mean tail slack {r.mean('tail_slack'):7.1f}  mean holes {r.mean('holes'):6.1f}"
+              f"  preemptions {r.preemptions:3d}  fragmentation stalls {r.fragmentation_stalls}")
+
+
+if __name__ == "__main__":
+    main()
