@@ -158,10 +158,10 @@ class BlockManager:
         """Make room for one more token (its K/V go to `slot(seq_id, num_tokens - 1)` afterwards).
 
         Takes a new block when the tail block is full. When the partial tail is shared with another
-        sequence (after `fork`), copies it first and returns (src_block, dst_block): the runner must
-        copy the K/V of the first `num_tokens - 1 - (num_blocks - 1) * block_size` slots of src into dst
-        before the next write. Returns None when no copy is needed. Raises OutOfBlocks, changing
-        nothing, when a block is needed and none is free.
+        sequence (after `fork`), moves this sequence to a new tail block and returns (src, dst): the
+        runner must copy block src's K/V into block dst (its first `(num_tokens - 1) % block_size`
+        slots hold data) before writing the new token. Returns None when no copy is needed. Raises
+        OutOfBlocks, changing nothing, when a block is needed and none is free.
         """
         needed = self._blocks_for_append(seq_id)
         _check_token_id(token_id)

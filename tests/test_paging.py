@@ -50,9 +50,11 @@ def test_freed_full_blocks_stay_cached_until_evicted_lru():
     m.free("a")
     assert m.num_free_blocks == 4 and m.cache.num_idle == 2
     m.allocate("b", [2, 2, 2, 2])
+    b_blocks = m.block_table("b")
     m.free("b")
-    assert m.allocate("a2", [1, 1, 1, 1, 3]) == 4         # a's first block came back from the cache
-    assert m.block_table("a2")[0] == a_blocks[0] and m.evictions == 1
+    assert m.allocate("a2", [1, 1, 1, 1, 3]) == 4         # a's blocks came back from the cache
+    assert m.block_table("a2")[:2] == a_blocks and m.evictions == 1
+    assert m.cache.idle_blocks() == [b_blocks[0]]          # LRU: b's tail went first, its head stays
     m.free("a2")
     m.allocate("c", [5, 5, 5, 5, 5, 5, 5, 5])              # needs every block: evicts all idle ones
     assert m.evictions == 4 and m.cache.num_idle == 0
@@ -213,8 +215,10 @@ class PagingMachine(RuleBasedStateMachine):
         self.next_id += 1
         self.tokens[seq] = list(prompt)
         assert cached % self.m.block_size == 0 and cached < len(prompt)
+        table = self.m.block_table(seq)
         for p in range(cached):                                     # a hit holds this very prefix
             assert self.pool[self.m.slot(seq, p)] == tuple(prompt[:p + 1])
+        assert all(self.m.ref_count(b) == 1 for b in table[cached // self.m.block_size:])
         self.write(seq, cached)
 
     @precondition(lambda self: self.tokens)
@@ -232,6 +236,7 @@ class PagingMachine(RuleBasedStateMachine):
             for offset in range(len(self.tokens[seq]) % self.m.block_size):
                 self.pool[dst * self.m.block_size + offset] = self.pool[src * self.m.block_size + offset]
         self.tokens[seq].append(token)
+        assert self.m.ref_count(self.m.block_table(seq)[-1]) == 1    # the writer owns its tail alone
         self.write(seq, len(self.tokens[seq]) - 1)
 
     @precondition(lambda self: self.tokens)
