@@ -62,13 +62,19 @@ def agreement(ours: list[int], theirs: list[int]) -> str:
     return "yes" if len(ours) == len(theirs) else f"until {min(len(ours), len(theirs))}"
 
 
-def floor_columns(model, step_s: float, batch: int, context: int) -> str:
-    """'step ms, floor ms, step/floor, GB/s, of copy' measured now, beside the row."""
-    floor_s = measure.floor_seconds(model, batch, context)
+def floor_columns(model, step_s: float, floor_s: float, batch: int, context: int) -> str:
+    """'step ms, floor ms, step/floor, GB/s, of copy', the copy bandwidth measured now."""
     bandwidth = measure.copy_bandwidth()
     achieved = measure.step_bytes(model, context, batch) / step_s
     return (f"{step_s * 1e3:8.1f} {floor_s * 1e3:9.1f} {step_s / floor_s:10.2f}x "
             f"{achieved / 1e9:6.1f} {achieved / bandwidth:8.0%}")
+
+
+def floor_sample(model, batch: int, context: int) -> float:
+    """One floor measurement (median of 3); rows take several, between their runs, so that
+    the floor and the steps it is compared with see the same load."""
+    inputs = measure.floor_inputs(model, batch, context)
+    return measure.median_seconds(lambda: measure.floor_step(model, inputs), 3)
 
 
 FLOOR_HEADER = f"{'step ms':>8} {'floor ms':>9} {'step/floor':>11} {'GB/s':>6} {'of copy':>8}"
@@ -83,11 +89,12 @@ def batch1_rows(model, hf, ids: list[int], token_counts: list[int], naive_max: i
     speeds = {}
     for n in token_counts:
         naive = time_ours(model, ids, n, False)[0] if n <= naive_max else None
-        cached, theirs, steps = [], [], []
-        for _ in range(repeats):  # interleaved, so a burst of load hits both sides
+        cached, theirs, steps, floors = [], [], [], []
+        for _ in range(repeats):  # interleaved, so a burst of load hits every column
             seconds, ours_out, stats = time_ours(model, ids, n, True)
             cached.append(seconds)
             steps.extend(stats.step_seconds)
+            floors.append(floor_sample(model, 1, len(ids) + n // 2))
             hf_seconds, hf_out = time_hf(hf, ids, n)
             theirs.append(hf_seconds)
         cached_s, hf_s = statistics.median(cached), statistics.median(theirs)
@@ -95,18 +102,24 @@ def batch1_rows(model, hf, ids: list[int], token_counts: list[int], naive_max: i
         naive_cell = f"{n / naive:12.1f}" if naive else f"{'(skipped)':>12}"
         print(f"{n:>5} {naive_cell} {n / cached_s:13.1f} {n / hf_s:9.1f} {hf_s / cached_s:9.2f}x "
               f"{agreement(ours_out, hf_out):>11} "
-              f"{floor_columns(model, statistics.median(steps), 1, len(ids) + n // 2)}", flush=True)
+              f"{floor_columns(model, statistics.median(steps), statistics.median(floors), 1, len(ids) + n // 2)}",
+              flush=True)
     return speeds
 
 
-def batched_rows(model, ids: list[int], batches: list[int], n: int) -> None:
+def batched_rows(model, ids: list[int], batches: list[int], n: int, repeats: int) -> None:
     """Print tokens/s and achieved bandwidth of batched greedy decode."""
     header = f"{'batch':>5} {'new':>5} {'tok/s (all seqs)':>17} {FLOOR_HEADER}"
     print(header + "\n" + "-" * len(header))
     for batch in batches:
-        step_s = statistics.median(measure.batched_decode(model, ids, batch, n)[0])
+        steps, floors = [], []
+        for _ in range(repeats):
+            steps.extend(measure.batched_decode(model, ids, batch, n)[0])
+            floors.append(floor_sample(model, batch, len(ids) + n // 2))
+        step_s = statistics.median(steps)
         print(f"{batch:>5} {n:>5} {batch / step_s:17.1f} "
-              f"{floor_columns(model, step_s, batch, len(ids) + n // 2)}", flush=True)
+              f"{floor_columns(model, step_s, statistics.median(floors), batch, len(ids) + n // 2)}",
+              flush=True)
 
 
 def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repeats: int) -> None:
@@ -135,7 +148,7 @@ def bench_decode(args: argparse.Namespace) -> None:
     speeds = batch1_rows(model, hf, ids, args.tokens, args.naive_max, args.repeats)
     if args.batch:
         print()
-        batched_rows(model, ids, args.batch, args.batch_tokens)
+        batched_rows(model, ids, args.batch, args.batch_tokens, args.repeats)
     if args.under_load:
         print()
         under_load_rows(model, hf, ids, args.tokens[0], speeds[args.tokens[0]], args.repeats)

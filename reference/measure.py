@@ -89,12 +89,6 @@ def floor_step(model, inputs: dict) -> None:
     F.linear(x, model.embed.weight)
 
 
-def floor_seconds(model, batch: int, context: int, repeats: int = 7) -> float:
-    """Median time of `floor_step` at this batch size and context length."""
-    inputs = floor_inputs(model, batch, context)
-    return median_seconds(lambda: floor_step(model, inputs), repeats)
-
-
 @torch.inference_mode()
 def batched_decode(model, prompt_ids: list[int], batch: int, n_steps: int) -> tuple[list[float], Tensor]:
     """Greedy decode of `batch` copies of the prompt together: (seconds of every decode step,
