@@ -30,6 +30,15 @@ def allowed_cpus() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
+def cpu_quota(path: str = "/sys/fs/cgroup/cpu.max") -> float | None:
+    """CPUs' worth of time this container may use (cgroup v2 `cpu.max`), or None when unlimited."""
+    try:
+        quota, period = open(path).read().split()[:2]
+    except (OSError, ValueError):
+        return None
+    return None if quota == "max" else int(quota) / int(period)
+
+
 def _cpu_times(path: str = "/proc/stat") -> dict[int, tuple[int, int]]:
     """{cpu id: (idle ticks, total ticks)} from /proc/stat (idle includes iowait)."""
     times = {}
@@ -74,8 +83,13 @@ def threads_for(free: float, n_allowed: int) -> int:
 
 
 def choose_threads(window_s: float = 0.25) -> int:
-    """The number of threads to decode with on this machine right now (see `threads_for`)."""
-    return threads_for(free_cores(window_s), len(allowed_cpus()))
+    """The number of threads to decode with on this machine right now (see `threads_for`),
+    never more than a container's CPU quota allows."""
+    allowed = len(allowed_cpus())
+    quota = cpu_quota()
+    if quota is not None:
+        allowed = max(1, min(allowed, int(quota)))
+    return threads_for(free_cores(window_s), allowed)
 
 
 def passive_wait() -> bool:

@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-from reference.threads import free_cores, threads_for
+from reference.threads import cpu_quota, free_cores, threads_for
 
 
 @pytest.mark.parametrize("free, allowed, expected", [
@@ -45,3 +45,12 @@ def test_importing_reference_first_sets_a_passive_wait_policy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)
     assert out.stdout.strip() == "ACTIVE", out.stderr
+
+
+@pytest.mark.parametrize("text, expected", [("max 100000", None), ("150000 100000", 1.5),
+                                            ("200000 100000\n", 2.0)])
+def test_cpu_quota_reads_cgroup_v2(tmp_path, text, expected):
+    path = tmp_path / "cpu.max"
+    path.write_text(text)
+    assert cpu_quota(str(path)) == expected
+    assert cpu_quota(str(tmp_path / "missing")) is None
