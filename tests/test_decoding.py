@@ -51,12 +51,31 @@ def test_top_k_and_top_p_restrict_the_support():
     assert sample_next(logits, 0.0) == 0
 
 
-def test_stop_ids_end_generation_after_the_stop_token():
+def test_stop_ids_end_generation_before_the_stop_token():
     model = build_tiny(0)
     full = generate(model, [10, 20], 30)
     stop = full[5]
     first = full.index(stop)
-    assert generate(model, [10, 20], 30, stop_ids=[stop]) == full[:first + 1]
+    stats = DecodeStats()
+    assert generate(model, [10, 20], 30, stop_ids=[stop], stats=stats) == full[:first]
+    assert stats.model_calls == first + 1  # the forward that picked the stop token still ran
+
+
+@pytest.mark.parametrize("settings, message", [
+    ({"top_k": 0}, "top_k must be an integer >= 1"), ({"top_k": -3}, "top_k must be"),
+    ({"top_k": 2.5}, "top_k must be"), ({"top_p": 0.0}, "top_p must be in"),
+    ({"top_p": -1.0}, "top_p must be in"), ({"top_p": 2.0}, "top_p must be in"),
+    ({"temperature": float("nan")}, "temperature must be a finite number"),
+    ({"temperature": -1.0}, "temperature must be"), ({"temperature": float("inf")}, "temperature")])
+def test_bad_sampling_settings_raise_clear_errors(settings, message):
+    with pytest.raises(ValueError, match=message):
+        generate(build_tiny(0), [1, 2], 3, **settings)
+
+
+def test_edge_sampling_settings_are_accepted():
+    model = build_tiny(0)
+    assert generate(model, [1, 2], 3, temperature=1.0, top_k=1, seed=0) == generate(model, [1, 2], 3)
+    assert len(generate(model, [1, 2], 3, temperature=0.5, top_p=1.0, seed=0)) == 3
 
 
 @pytest.mark.parametrize("prompt, n, message", [

@@ -1,7 +1,7 @@
 """The tiny model: one forward serves prefill and decode, RoPE and GQA behave as specified."""
 import torch
 
-from reference.model import TINY, apply_rope, build_tiny, rope_tables
+from reference.model import TINY, apply_rope, build_tiny, rope_tables, rotate_pairs
 
 
 def random_ids(gen, length):
@@ -53,6 +53,17 @@ def test_rope_rotates_pairs_and_preserves_norm():
     torch.testing.assert_close(y[0, 0, 3, 0], expected0)
 
 
+def test_model_rope_tables_match_the_closed_form():
+    """The tables the model precomputes once equal rope_tables at any position."""
+    model = build_tiny(0)
+    positions = torch.tensor([0, 1, 37, TINY.max_seq_len - 1])
+    cos, sin = rope_tables(TINY.head_dim, TINY.rope_base, positions)
+    x = torch.randn(1, 1, 4, TINY.head_dim)
+    rotated_by_model = rotate_pairs(x.transpose(1, 2), model.rope_cos[positions], model.rope_sin[positions])
+    torch.testing.assert_close(rotated_by_model.transpose(1, 2), apply_rope(x, cos, sin))
+    torch.testing.assert_close(model.rope_cos[positions, 0, 1::2], cos)
+
+
 def test_scores_depend_only_on_relative_position():
     q, k = torch.randn(1, 1, 1, 16), torch.randn(1, 1, 1, 16)
     def score(pq, pk):
@@ -68,15 +79,16 @@ def test_query_heads_share_kv_heads_in_groups():
     model = build_tiny(3)
     attn = model.blocks[0].attn
     x = torch.randn(1, 4, TINY.d_model)
-    cos, sin = rope_tables(TINY.head_dim, TINY.rope_base, torch.arange(4))
+    cos2, sin2 = model.rope_cos[:4], model.rope_sin[:4]
+    causal = torch.ones(4, 4, dtype=torch.bool).tril()
     captured = {}
     attn.o_proj.register_forward_hook(lambda mod, inp, out: captured.__setitem__("in", inp[0].clone()))
-    attn(x, cos, sin, torch.arange(4), None, 0)
+    attn(x, cos2, sin2, causal, None, 0)
     before = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     with torch.no_grad():
         v_rows = TINY.n_heads * TINY.head_dim + TINY.n_kv_heads * TINY.head_dim  # [q; k; v] fused
         attn.qkv_proj.weight[v_rows:v_rows + TINY.head_dim] = 0
-    attn(x, cos, sin, torch.arange(4), None, 0)
+    attn(x, cos2, sin2, causal, None, 0)
     after = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     changed = [(before[:, :, h] != after[:, :, h]).any().item() for h in range(TINY.n_heads)]
     assert changed == [h < TINY.group_size for h in range(TINY.n_heads)]

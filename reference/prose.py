@@ -1,0 +1,88 @@
+"""Sentences the book builds from its own measurements and files, so that the prose stays true.
+
+A chapter measured on a busy machine can see anything: a step that got faster, a speed-up below
+one. The book never types the direction of a measured effect; it asks these functions, which word
+the sentence from the numbers (and are tested on every outcome).
+"""
+from __future__ import annotations
+
+import ast
+import json
+from pathlib import Path
+
+SAME_WITHIN = 0.10  # ratios within 10% of 1 are reported as "about the same"
+
+
+def times_phrase(ratio: float, more: str = "slower", less: str = "faster") -> str:
+    """'3.2× slower' for ratio 3.2, '2.0× faster' for 0.5, 'about as fast' near 1.
+
+    `ratio` is (new / old) of a time: above 1 the new thing took longer.
+    """
+    if not ratio > 0:
+        raise ValueError(f"a ratio of times must be > 0, got {ratio}")
+    if abs(ratio - 1) <= SAME_WITHIN:
+        return "about as fast"
+    return f"{ratio:.1f}× {more}" if ratio > 1 else f"{1 / ratio:.1f}× {less}"
+
+
+def naive_growth_paragraph(short_len: int, long_len: int, short_ms: float, long_ms: float,
+                           cached_first_ms: float, cached_last_ms: float) -> str:
+    """Chapter 01's reading of its timing: naive step time at two lengths, cached steps early/late.
+
+    Growth is claimed only when the longer input really took longer (by more than 10%); the
+    cached loop is called flat only when its late steps stayed within 25% of its early ones.
+    """
+    slope = (long_ms - short_ms) / (long_len - short_len)
+    ratio = long_ms / short_ms
+    naive = (f"a naive step over {short_len} positions took about {short_ms:.0f} ms and one over "
+             f"{long_len} positions {long_ms:.0f} ms")
+    if ratio > 1 + SAME_WITHIN:
+        naive += (f": {ratio:.1f} times as long, roughly {slope:.2f} ms more for every extra "
+                  "position. Each token costs more than the one before, so the *total* time "
+                  "grows quadratically with the answer length.")
+    else:
+        naive += (f": {times_phrase(ratio)}, so this run did not show the growth the counts "
+                  "predict (other work on the machine can hide it at these lengths; the counts "
+                  "above still grow quadratically).")
+    drift = cached_last_ms / cached_first_ms
+    if abs(drift - 1) <= 0.25:
+        cached = (f"The cached loop stayed nearly flat, at about {cached_first_ms:.0f} ms per "
+                  f"token early and {cached_last_ms:.0f} ms late.")
+    else:
+        cached = (f"The cached loop went from about {cached_first_ms:.0f} ms per token early to "
+                  f"{cached_last_ms:.0f} ms late ({times_phrase(drift)}); with so little work per "
+                  "step, other jobs on the machine move it more than its length does.")
+    return f"{naive} {cached}"
+
+
+def speedup_phrase(slow_seconds: float, fast_seconds: float) -> str:
+    """'a speed-up of 3.1×' when fast_seconds is shorter, else 'a slow-down of 1.2×' or 'no
+    measurable difference' (within 10%)."""
+    ratio = slow_seconds / fast_seconds
+    if abs(ratio - 1) <= SAME_WITHIN:
+        return "no measurable difference"
+    return f"a speed-up of {ratio:.1f}×" if ratio > 1 else f"a slow-down of {1 / ratio:.1f}×"
+
+
+def exercise_list(notebook: str | Path) -> str:
+    """A Markdown list of the graded exercises of an exercise notebook, read from the notebook.
+
+    One item per nbgrader solution cell, in order: its grade_id and the first line of the
+    docstring of the function or class of that name defined in the cell.
+    """
+    cells = json.loads(Path(notebook).read_text())["cells"]
+    items = []
+    for cell in cells:
+        meta = cell.get("metadata", {}).get("nbgrader", {})
+        if not meta.get("solution"):
+            continue
+        name = meta["grade_id"]
+        doc = ""
+        for node in ast.parse("".join(cell["source"])).body:
+            if isinstance(node, (ast.FunctionDef, ast.ClassDef)) and node.name == name:
+                docstring = ast.get_docstring(node)
+                doc = docstring.strip().splitlines()[0] if docstring else ""
+        items.append(f"- `{name}`: {doc}" if doc else f"- `{name}`")
+    if not items:
+        raise ValueError(f"{notebook} has no nbgrader solution cells")
+    return "\n".join(items)

@@ -1,0 +1,73 @@
+"""The book's measured sentences follow the numbers whatever they show; exercise lists follow
+the exercise notebooks."""
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from reference.prose import (exercise_list, naive_growth_paragraph, speedup_phrase,
+                             times_phrase)
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("ratio, expected", [
+    (3.2, "3.2× slower"), (0.5, "2.0× faster"), (1.05, "about as fast"), (0.95, "about as fast"),
+    (1.2, "1.2× slower")])
+def test_times_phrase_follows_the_ratio(ratio, expected):
+    assert times_phrase(ratio) == expected
+
+
+def test_times_phrase_rejects_non_positive():
+    with pytest.raises(ValueError):
+        times_phrase(0.0)
+
+
+def test_growth_is_claimed_when_the_long_step_is_slower():
+    text = naive_growth_paragraph(25, 217, 120.0, 840.0, 50.0, 52.0)
+    assert "7.0 times as long" in text and "3.75 ms more for every extra position" in text
+    assert "grows quadratically" in text and "stayed nearly flat" in text
+
+
+def test_no_growth_is_claimed_when_the_data_shows_none():
+    """The busy-machine case of issue 7: the later steps measured faster."""
+    text = naive_growth_paragraph(25, 57, 246.0, 196.0, 60.0, 130.0)
+    assert "times as long" not in text and "more for every extra" not in text
+    assert "1.3× faster" in text and "did not show the growth" in text
+    assert "-" not in re.sub(r"\w-\w", "", text)  # no negative numbers anywhere
+    assert "stayed nearly flat" not in text and "2.2× slower" in text
+
+
+@pytest.mark.parametrize("slow, fast, expected", [
+    (10.0, 2.0, "a speed-up of 5.0×"), (2.0, 3.0, "a slow-down of 1.5×"),
+    (2.0, 2.05, "no measurable difference")])
+def test_speedup_phrase(slow, fast, expected):
+    assert speedup_phrase(slow, fast) == expected
+
+
+def grade_ids(notebook: Path) -> list[str]:
+    cells = json.loads(notebook.read_text())["cells"]
+    return [c["metadata"]["nbgrader"]["grade_id"] for c in cells
+            if c.get("metadata", {}).get("nbgrader", {}).get("solution")]
+
+
+@pytest.mark.parametrize("name", ["ch01_naive_decoding", "ch02_kv_cache"])
+def test_exercise_list_names_every_graded_exercise_in_order(name):
+    notebook = ROOT / "exercises" / f"{name}.ipynb"
+    listed = re.findall(r"^- `(\w+)`", exercise_list(notebook), flags=re.M)
+    assert listed == grade_ids(notebook) and listed
+
+
+@pytest.mark.parametrize("chapter, exercises", [
+    ("01_naive_decoding", "ch01_naive_decoding"), ("02_kv_cache", "ch02_kv_cache")])
+def test_book_chapter_builds_its_exercise_list_from_the_notebook(chapter, exercises):
+    """The chapter's exercise section calls exercise_list on its notebook and names no
+    exercise by hand."""
+    cells = json.loads((ROOT / "book" / f"{chapter}.ipynb").read_text())["cells"]
+    code = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    assert f'exercise_list("../exercises/{exercises}.ipynb")' in code
+    markdown = "".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    exercise_section = markdown[markdown.index("## Exercise"):]
+    named = set(re.findall(r"`(\w+)`", exercise_section))
+    assert not named & set(grade_ids(ROOT / "exercises" / f"{exercises}.ipynb")), named
