@@ -98,10 +98,26 @@ def gqa_attention(q, k, v, causal=False):
     return scores.softmax(-1) @ v
 
 
-# %% grade_id: gqa_attention | wrong: causal mask anchored at the first key (is_causal with T < S)
+# %% grade_id: gqa_attention | wrong: causal mask anchored at the first key (query i sees keys 0..i)
 # expect: the LAST T positions
 def gqa_attention(q, k, v, causal=False):
-    return F.scaled_dot_product_attention(q, k, v, is_causal=causal, enable_gqa=True)
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    rows = q.reshape(B, Hkv, (Hq // Hkv) * T, D)
+    scores = rows @ k.transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        allowed = torch.arange(S)[None, :] <= torch.arange(T)[:, None]
+        scores = scores.view(B, Hkv, Hq // Hkv, T, S).masked_fill(~allowed, float("-inf")).view_as(scores)
+    return (torch.softmax(scores, dim=-1) @ v).reshape(B, Hq, T, D)
+
+
+# %% grade_id: gqa_attention | cheat: the fused kernel the exercise forbids, reached by a built name
+# expect: which this exercise forbids
+def gqa_attention(q, k, v, causal=False):
+    fused = getattr(F, "scaled_dot_" + "product_attention")
+    T, S = q.shape[2], k.shape[2]
+    mask = torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T) if causal else None
+    return fused(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
 # %% grade_id: gqa_attention | cheat: imports the reference attention
