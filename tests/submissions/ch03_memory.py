@@ -112,7 +112,7 @@ def gqa_attention(q, k, v, causal=False):
 
 
 # %% grade_id: gqa_attention | cheat: the fused kernel the exercise forbids, reached by a built name
-# expect: which this exercise forbids
+# expect: is forbidden in this exercise
 def gqa_attention(q, k, v, causal=False):
     fused = getattr(F, "scaled_dot_" + "product_attention")
     T, S = q.shape[2], k.shape[2]
