@@ -48,7 +48,8 @@ def _call_online(learner, x, tile):
 
 def _no_rescale(x, tile):
     """What online softmax gives when l is never rescaled (the classic slip)."""
-    m, l = torch.full(x.shape[:-1], float("-inf"), dtype=torch.float64), torch.zeros(x.shape[:-1], dtype=torch.float64)
+    m = torch.full(x.shape[:-1], float("-inf"), dtype=torch.float64)
+    l = torch.zeros_like(m)
     for start in range(0, x.shape[-1], tile):
         m = torch.maximum(m, x[..., start:start + tile].amax(-1))
         l = l + torch.exp(x[..., start:start + tile] - m[..., None]).sum(-1)
