@@ -58,6 +58,11 @@ def test_torch_versions_agree(seed):
     assert torch.allclose(softmax_torch(x), ref, rtol=1e-12, atol=1e-15)
     for tile in (1, 7, 50, 64):
         assert torch.allclose(online_softmax(x, tile), ref, rtol=1e-12, atol=1e-15), f"tile {tile}"
+    # A first tile of only -inf must not poison the row: exp(-inf - -inf) would be NaN.
+    x[:, :7] = float("-inf")
+    got = online_softmax(x, 7)
+    assert not got.isnan().any(), "a leading all -inf tile made the row NaN"
+    assert torch.allclose(got, torch.softmax(x, dim=-1), rtol=1e-12, atol=1e-15)
 
 
 @pytest.mark.parametrize("bad, error, message", [

@@ -46,7 +46,10 @@ def online_softmax(scores: Tensor, tile: int) -> Tensor:
     for start in range(0, scores.shape[-1], tile):
         block = scores[..., start:start + tile]
         m_new = torch.maximum(m, block.amax(dim=-1))
-        l = l * torch.exp(m - m_new) + torch.exp(block - m_new[..., None]).sum(dim=-1)
+        # While every score so far is -inf, m_new is -inf too: shift by 0 instead, so that
+        # exp(-inf - -inf) = NaN never appears (those terms are exactly 0).
+        shift = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        l = l * torch.exp(m - shift) + torch.exp(block - shift[..., None]).sum(dim=-1)
         m = m_new
     return torch.exp(scores - m[..., None]) / l[..., None]
 
