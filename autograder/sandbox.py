@@ -294,8 +294,11 @@ class SandboxLearner:
     # -- the learner API ---------------------------------------------------------------------
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         """Result of the learner's function ``name(*args, **kwargs)`` (plain data or Handle)."""
-        request = {"op": "call", "name": name, "args": self._wire(args),
-                   "kwargs": self._wire(kwargs)}
+        return self._call_named(name, {"op": "call", "name": name, "args": self._wire(args),
+                                       "kwargs": self._wire(kwargs)})
+
+    def _call_named(self, name: str, request: dict) -> Any:
+        """``_call``, naming the failed cell when ``name`` is undefined because its cell raised."""
         try:
             return self._call(request)
         except LearnerError as exc:
@@ -321,8 +324,9 @@ class SandboxLearner:
     def launch(self, kernel: str, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> list:
         """Run the learner's Triton kernel ``kernel[grid](*args, **kwargs)``; returns ``args``
         as they are after the launch (the kernel's outputs are written into them)."""
-        return self._call({"op": "launch", "name": kernel, "grid": [int(g) for g in grid],
-                           "args": self._wire(args), "kwargs": self._wire(kwargs)})
+        return self._call_named(kernel, {"op": "launch", "name": kernel,
+                                         "grid": [int(g) for g in grid],
+                                         "args": self._wire(args), "kwargs": self._wire(kwargs)})
 
 
 def _handles_in(value: Any) -> list[Handle]:

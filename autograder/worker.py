@@ -44,6 +44,15 @@ LIBC = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG = 1
 
 
+
+def triton_kernel_types() -> tuple[type, ...]:
+    """The classes a ``@triton.jit`` (or autotuned / heuristics-wrapped) kernel has; a learner's
+    class that merely shares one of their names is not among them."""
+    from triton.runtime.autotuner import Autotuner, Heuristics
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    return JITFunction, InterpretedFunction, Autotuner, Heuristics
+
 class ImportBlocker(MetaPathFinder):
     """Refuses to import ``reference`` and ``autograder`` from learner code."""
 
@@ -139,8 +148,7 @@ class Worker:
         with self.guard.forbidding(request.get("forbid", ())):
             if request["op"] == "launch":
                 kernel = self._lookup(request["name"])
-                if type(kernel).__name__ not in ("JITFunction", "InterpretedFunction", "Autotuner",
-                                                 "Heuristics"):
+                if type(kernel) not in triton_kernel_types():  # exact types: no look-alike class
                     raise TypeError(f"`{request['name']}` must be a @triton.jit kernel")
                 kernel[tuple(request["grid"])](*args, **kwargs)
                 return self.side.result(list(args))
