@@ -128,6 +128,7 @@ def _slips(q, k, v, num_splits: int) -> list[tuple[torch.Tensor, str]]:
 
 
 def _check_decode(learner, q, k, v, num_splits: int, *, large: bool = False) -> None:
+    rtol = 1e-3 if large else 1e-4      # float32 rounding of scores near 100 is ~1e-5 absolute
     call = (f"split_decode_attention(q {list(q.shape)}, k/v {list(k.shape)}, "
             f"num_splits={num_splits})")
     got = learner.call("split_decode_attention", q, k, v, num_splits)
@@ -140,14 +141,17 @@ def _check_decode(learner, q, k, v, num_splits: int, *, large: bool = False) -> 
                                      "split's state is (m, l, o) = (-inf, 0, 0): skip it, or make "
                                      "sure exp(-inf - (-inf)) is never computed")
             if large:
+                group = q.shape[1] // k.shape[1]
+                scores_max = (torch.einsum("bhd,bhnd->bhn", q.double(), k.double().repeat_interleave(
+                    group, 1)) / math.sqrt(q.shape[-1])).max().item()
                 raise AssertionError(f"{call} overflows on large scores (up to "
-                                     f"{expected.abs().max():.0f}x): subtract each split's max "
+                                     f"{scores_max:.0f}): subtract each split's max "
                                      "before exp")
-        elif not torch.allclose(g, expected, rtol=1e-4, atol=1e-5):
+        elif not torch.allclose(g, expected, rtol=rtol, atol=1e-5):
             for wrong, advice in _slips(q, k, v, num_splits):
-                if torch.allclose(g, wrong, rtol=1e-4, atol=1e-5):
+                if torch.allclose(g, wrong, rtol=rtol, atol=1e-5):
                     raise AssertionError(f"{call}: {advice}")
-    assert_close(got, expected, name=call, rtol=1e-4, atol=1e-5,
+    assert_close(got, expected, name=call, rtol=rtol, atol=1e-5,
                  hint="each split gives (m, l, o) over its keys; merge with m = max m_s, "
                       "l = sum exp(m_s - m) l_s, o = sum exp(m_s - m) o_s, output o / l")
 
@@ -178,7 +182,7 @@ def test_split_decode_on_large_scores(learner, seed):
     gen = generator(seed + 3)
     q, = qkv(gen, (1, 4, 16))[:1]
     k, v, _ = qkv(gen, (1, 1, 40, 16))
-    _check_decode(learner, 30 * q, 30 * k, v, 3, large=True)
+    _check_decode(learner, 8 * q, 8 * k, v, 3, large=True)   # scores beyond 88: exp overflows
 
 
 # ------------------------------------------------------------------- decode_partial_kernel
