@@ -224,10 +224,17 @@ def _run_kernel(learner, gen, batch, heads, kv_heads, n_keys, dim, num_splits):
     m, l, o = poison(batch, heads, num_splits), poison(batch, heads, num_splits), \
         poison(batch, heads, num_splits, dim)
     scale, chunk = 1 / math.sqrt(dim), -(-n_keys // num_splits)
-    args = learner.launch("decode_partial_kernel", (batch * heads, num_splits),
-                          q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), m, l, o,
-                          heads, kv_heads, n_keys, chunk, num_splits, scale,
-                          HEAD_DIM=dim, BLOCK_N=BLOCK_N)
+    try:
+        args = learner.launch("decode_partial_kernel", (batch * heads, num_splits),
+                              q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), m, l, o,
+                              heads, kv_heads, n_keys, chunk, num_splits, scale,
+                              HEAD_DIM=dim, BLOCK_N=BLOCK_N)
+    except LearnerError as exc:   # launch() does not yet say why a cell failed to load (call() does)
+        why = getattr(learner, "cell_errors", {}).get("decode_partial_kernel")
+        if why and "is not defined" in str(exc):
+            raise LearnerError(f"`decode_partial_kernel` is not defined because its cell failed: "
+                               f"{why}") from None
+        raise
     return (q, k, v, scale), tuple(t.cpu().double() for t in args[3:6])
 
 
