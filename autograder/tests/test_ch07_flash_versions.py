@@ -10,9 +10,9 @@ its outputs poisoned with NaN, under the interpreter when there is no GPU.
 """
 from __future__ import annotations
 
+import ast
 import math
 
-import pytest
 import torch
 
 from autograder.errors import LearnerError
@@ -238,10 +238,36 @@ def _run_kernel(learner, gen, batch, heads, kv_heads, n_keys, dim, num_splits):
     return (q, k, v, scale), tuple(t.cpu().double() for t in args[3:6])
 
 
+def _element_loops(source: str | None) -> str | None:
+    """Why the kernel's source loops over single elements, or None. Allowed: loops over tiles,
+    ``range(..., BLOCK_N)`` with BLOCK_N in the step, not nested (static look: in the
+    interpreter a per-key loop is merely slow, on a GPU it serialises the program)."""
+    try:
+        tree = ast.parse(source or "")
+    except SyntaxError:
+        return None
+    for loop in (n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))):
+        if isinstance(loop, ast.While) or any(isinstance(n, (ast.For, ast.While))
+                                              for n in ast.walk(loop) if n is not loop):
+            return "a while loop or nested loops"
+        step = loop.iter.args[2] if isinstance(loop.iter, ast.Call) and len(loop.iter.args) == 3 \
+            else None
+        if step is None or "BLOCK_N" not in ast.unparse(step):
+            return f"`for ... in {ast.unparse(loop.iter)}` steps one element at a time"
+    return None
+
+
 def _check_kernel(learner, gen, batch, heads, kv_heads, n_keys, dim, num_splits):
     call = (f"decode_partial_kernel on q [{batch}, {heads}, {dim}], k/v [{batch}, {kv_heads}, "
             f"{n_keys}, {dim}], {num_splits} splits of {-(-n_keys // num_splits)} keys")
     (q, k, v, scale), got = _run_kernel(learner, gen, batch, heads, kv_heads, n_keys, dim, num_splits)
+    loops = _element_loops(learner.cell_source("decode_partial_kernel")
+                           if hasattr(learner, "cell_source") else None)
+    if loops:
+        raise AssertionError(f"decode_partial_kernel: {loops}. Work on whole tiles: one loop "
+                             "over the split's tiles, range(start, end, BLOCK_N), with tl.arange "
+                             "offsets and tl.sum/tl.max over the tile, no loop over single keys "
+                             "or dimensions")
     want = _states(q, k, v, num_splits, sm_scale=scale)
     if _same(got, want):
         merged_m = want[0].amax(-1, keepdim=True)          # the grader's merge (second stage)
