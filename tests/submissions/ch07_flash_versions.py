@@ -145,7 +145,7 @@ def split_decode_attention(q, k, v, num_splits):
     return o_all / l_all[..., None]
 
 
-# %% grade_id: split_decode_attention | wrong: merges normalised outputs by log-sum-exp; an empty split gives 0/0
+# %% grade_id: split_decode_attention | wrong: log-sum-exp merge of normalised outputs; empty split gives 0/0
 # expect: some splits hold no keys
 def split_decode_attention(q, k, v, num_splits):
     group = q.shape[1] // k.shape[1]
