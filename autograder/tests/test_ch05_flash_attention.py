@@ -93,7 +93,7 @@ def _tiled_case(gen, causal, magnitude=1.0):
     return q * magnitude, k, v, randint(gen, 3, 20), randint(gen, 3, 20)
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=120)
 def test_tiled_attention_matches_attention(learner, seed):
     gen = generator(seed)
     for _ in range(4):
@@ -102,7 +102,7 @@ def test_tiled_attention_matches_attention(learner, seed):
     _check_tiled(learner, q, k, v, q.shape[2] + 5, 1, causal=False, what="(one query tile, 1-key tiles)")
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=120)
 def test_tiled_attention_causal(learner, seed):
     gen = generator(seed + 1)
     for _ in range(4):
@@ -111,7 +111,7 @@ def test_tiled_attention_causal(learner, seed):
     _check_tiled(learner, q, k, v, 4, 8, causal=True, what="(one decode query)")
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=120)
 def test_tiled_attention_large_scores(learner, seed):
     gen = generator(seed + 2)
     for causal in (False, True):
@@ -119,13 +119,13 @@ def test_tiled_attention_large_scores(learner, seed):
         _check_tiled(learner, q, k, v, bq, bk, causal=causal, what="with scores in the hundreds")
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=120)
 def test_tiled_attention_never_holds_the_score_matrix(learner, seed):
-    # N = 16384 in float64: one [N, N] score matrix is 2 GiB, and computing S then P needs two of
-    # them, beyond the grader's 4 GiB limit; 256 x 256 tiles need 512 KiB each. Only 8 random rows
+    # N = 20480 in float64: one [N, N] score matrix is 3.1 GiB, beyond what the grader's 4 GiB
+    # limit leaves after torch itself; 256 x 256 tiles need 512 KiB each. Only 8 random rows
     # are compared with plain attention (the full comparison would need the matrix here).
     gen = generator(seed + 3)
-    n, tile = 16384, 256
+    n, tile = 20480, 256
     q, k, v = (torch.randn(1, 1, n, 8, generator=gen, dtype=torch.float64) for _ in range(3))
     try:
         out, lse = learner.call("tiled_attention", q, k, v, tile, tile, causal=False)
@@ -133,8 +133,8 @@ def test_tiled_attention_never_holds_the_score_matrix(learner, seed):
         if "memory" in str(exc) or "timed out" in str(exc):
             raise AssertionError(
                 f"{exc}. With {tile} x {tile} tiles this case needs under a MiB of scores at a time; "
-                "it fails like this when the whole [N, N] score matrix (or a full row block "
-                "[block_q, N]) is built. Loop over key tiles of block_k rows inside the query loop, "
+                "it fails like this when the whole [N, N] score matrix is built (or takes "
+                "far too long). Loop over key tiles of block_k rows inside the query loop, "
                 "keeping only m, l and acc per row") from None
         raise
     rows = torch.randperm(n, generator=gen)[:8]
@@ -188,9 +188,42 @@ def _kernel_hint(got, q, k, v, group, causal) -> str | None:
                     "exp(m_old - m_new) before adding the tile's terms")
 
 
+def _require_tiles(learner) -> None:
+    """Static look at the kernel, before every kernel test: tile products with tl.dot, tiles sized
+    by the block constexprs, no loop inside a loop. A kernel that loads all of K in one fixed-size
+    tile, or loops over single elements, earns nothing even where its numbers are right."""
+    source = _kernel_source(learner, "flash_attention_fwd_kernel")
+    if source is None:
+        raise AssertionError("`flash_attention_fwd_kernel` is not defined (run its cell first)")
+    tree = ast.parse(source)
+    kernel = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                   and n.name == "flash_attention_fwd_kernel"), None)
+    if kernel is None:
+        raise AssertionError("no `def flash_attention_fwd_kernel` in your cell")
+    calls = [n for n in ast.walk(kernel) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    if not any(c.func.attr == "dot" for c in calls):
+        raise AssertionError("compute the score tile and the P V product with tl.dot (tile x tile "
+                             "products on the tensor cores), not with elementwise loops or sums")
+    allowed = {"BLOCK_M", "BLOCK_N", "HEAD_DIM"}
+    for call in calls:
+        if call.func.attr == "arange":
+            sizes = {n.id for n in ast.walk(call.args[-1]) if isinstance(n, ast.Name)} if call.args else set()
+            if not sizes or not sizes <= allowed:
+                raise AssertionError(f"line {call.lineno}: tl.arange must span BLOCK_M, BLOCK_N or "
+                                     "HEAD_DIM: a fixed-size tile holding all of K or Q works only "
+                                     "up to that size; loop over key tiles of BLOCK_N instead")
+    for loop in (n for n in ast.walk(kernel) if isinstance(n, (ast.For, ast.While))):
+        inner = [n for n in ast.walk(loop) if isinstance(n, (ast.For, ast.While)) and n is not loop]
+        if inner:
+            raise AssertionError(f"line {inner[0].lineno}: a loop inside the loop over key tiles "
+                                 "works element by element; each step should handle a whole "
+                                 "[BLOCK_M, BLOCK_N] tile with tile operations")
+
+
 @exercise("flash_attention_fwd_kernel", points=5, timeout=120)
 @pytest.mark.parametrize("case", list(KERNEL_CASES))
 def test_flash_kernel_matches_attention(learner, seed, case):
+    _require_tiles(learner)
     heads, group, n_q, n_k, causal, magnitude = KERNEL_CASES[case]
     gen = generator(seed + len(case))
     q_buf, out = _buffer(gen, heads, n_q), torch.full((heads, n_q + SPARE_ROWS, HEAD_DIM), float("nan"))
@@ -223,38 +256,6 @@ def _kernel_source(learner, name: str) -> str | None:
     if source is None and hasattr(kernel, "fn"):
         source = inspect.getsource(kernel.fn)
     return source
-
-
-@exercise("flash_attention_fwd_kernel", points=5, timeout=120)
-def test_flash_kernel_works_on_tiles(learner, seed):
-    """Static: tile products with tl.dot, tiles sized by the block constexprs, no nested loops.
-    Catches a kernel that loads all of K in one fixed-size tile or loops over single elements."""
-    source = _kernel_source(learner, "flash_attention_fwd_kernel")
-    if source is None:
-        raise AssertionError("`flash_attention_fwd_kernel` is not defined (run its cell first)")
-    tree = ast.parse(source)
-    kernel = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
-                   and n.name == "flash_attention_fwd_kernel"), None)
-    if kernel is None:
-        raise AssertionError("no `def flash_attention_fwd_kernel` in your cell")
-    calls = [n for n in ast.walk(kernel) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-    if not any(c.func.attr == "dot" for c in calls):
-        raise AssertionError("compute the score tile and the P V product with tl.dot (tile x tile "
-                             "products on the tensor cores), not with elementwise loops or sums")
-    allowed = {"BLOCK_M", "BLOCK_N", "HEAD_DIM"}
-    for call in calls:
-        if call.func.attr == "arange":
-            sizes = {n.id for n in ast.walk(call.args[-1]) if isinstance(n, ast.Name)} if call.args else set()
-            if not sizes or not sizes <= allowed:
-                raise AssertionError(f"line {call.lineno}: tl.arange must span BLOCK_M, BLOCK_N or "
-                                     "HEAD_DIM: a fixed-size tile holding all of K or Q works only "
-                                     "up to that size; loop over key tiles of BLOCK_N instead")
-    for loop in (n for n in ast.walk(kernel) if isinstance(n, (ast.For, ast.While))):
-        inner = [n for n in ast.walk(loop) if isinstance(n, (ast.For, ast.While)) and n is not loop]
-        if inner:
-            raise AssertionError(f"line {inner[0].lineno}: a loop inside the loop over key tiles "
-                                 "works element by element; each step should handle a whole "
-                                 "[BLOCK_M, BLOCK_N] tile with tile operations")
 
 
 # ------------------------------------------------------------------------- flash_hbm_bytes

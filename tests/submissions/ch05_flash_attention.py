@@ -564,14 +564,14 @@ def flash_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
     tl.store(lse_ptr + head * n_queries + rows, m_i + tl.log(l_i), mask=row_ok)
 
 # %% grade_id: flash_attention_fwd_kernel | cheat: not a kernel: imports the reference kernel module
-# expect: is not allowed
+# expect: no `def flash_attention_fwd_kernel`
 import triton
 import triton.language as tl
 
 from reference.kernels.flash_attention import _flash_attention_kernel as flash_attention_fwd_kernel  # noqa: F401
 
 # %% grade_id: flash_attention_fwd_kernel | cheat: not a kernel: an object that computes attention with torch when launched
-# expect: must be a @triton.jit kernel
+# expect: no `def flash_attention_fwd_kernel`
 import torch
 
 
