@@ -28,14 +28,14 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     out, lse = torch.empty_like(q), q.new_empty(batch, heads, n_q)
     for i in range(0, n_q, block_q):
         q_tile = q[:, :, i:i + block_q] * scale                        # [B, H, bq, D]
-        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + (n_k - n_q)
+        rows = torch.arange(i, i + q_tile.shape[2], device=q.device)[:, None] + (n_k - n_q)
         m = q.new_full(q_tile.shape[:3], float("-inf"))
         l = torch.zeros_like(m)
         acc = torch.zeros_like(q_tile)
         for j in range(0, n_k, block_k):
             s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)     # [B, H, bq, bk]
             if causal:
-                cols = torch.arange(j, j + s.shape[-1])[None, :]
+                cols = torch.arange(j, j + s.shape[-1], device=q.device)[None, :]
                 s = s.masked_fill(cols > rows, float("-inf"))
             m_new = torch.maximum(m, s.amax(-1))
             safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # no key seen yet
@@ -63,7 +63,8 @@ def flash_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
                                BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     """Flash attention forward: one program per (query tile, query head).
 
-    Tensors (float32, last dimension contiguous, i.e. stride 1 along HEAD_DIM):
+    Tensors (float32, last dimension contiguous, i.e. stride 1 along HEAD_DIM; the buffers may
+    hold spare rows and heads beyond the sizes below, which the kernel must not read):
       q_ptr   [H_q, n_queries, HEAD_DIM]   queries; batch and heads flattened into H_q rows
       k_ptr   [H_kv, n_keys, HEAD_DIM]     keys, H_kv = H_q // group
       v_ptr   [H_kv, n_keys, HEAD_DIM]     values

@@ -93,7 +93,7 @@ def _tiled_case(gen, causal, magnitude=1.0):
     return q * magnitude, k, v, randint(gen, 3, 20), randint(gen, 3, 20)
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=120)
+@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
 def test_tiled_attention_matches_attention(learner, seed):
     gen = generator(seed)
     for _ in range(4):
@@ -102,7 +102,7 @@ def test_tiled_attention_matches_attention(learner, seed):
     _check_tiled(learner, q, k, v, q.shape[2] + 5, 1, causal=False, what="(one query tile, 1-key tiles)")
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=120)
+@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
 def test_tiled_attention_causal(learner, seed):
     gen = generator(seed + 1)
     for _ in range(4):
@@ -111,39 +111,12 @@ def test_tiled_attention_causal(learner, seed):
     _check_tiled(learner, q, k, v, 4, 8, causal=True, what="(one decode query)")
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=120)
+@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
 def test_tiled_attention_large_scores(learner, seed):
     gen = generator(seed + 2)
     for causal in (False, True):
         q, k, v, bq, bk = _tiled_case(gen, causal=causal, magnitude=60.0)
         _check_tiled(learner, q, k, v, bq, bk, causal=causal, what="with scores in the hundreds")
-
-
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=120)
-def test_tiled_attention_never_holds_the_score_matrix(learner, seed):
-    # N = 20480 in float64: one [N, N] score matrix is 3.1 GiB, beyond what the grader's 4 GiB
-    # limit leaves after torch itself; 256 x 256 tiles need 512 KiB each. Only 8 random rows
-    # are compared with plain attention (the full comparison would need the matrix here).
-    gen = generator(seed + 3)
-    n, tile = 20480, 256
-    q, k, v = (torch.randn(1, 1, n, 8, generator=gen, dtype=torch.float64) for _ in range(3))
-    try:
-        out, lse = learner.call("tiled_attention", q, k, v, tile, tile, causal=False)
-    except LearnerError as exc:
-        if "memory" in str(exc) or "timed out" in str(exc):
-            raise AssertionError(
-                f"{exc}. With {tile} x {tile} tiles this case needs under a MiB of scores at a time; "
-                "it fails like this when the whole [N, N] score matrix is built (or takes "
-                "far too long). Loop over key tiles of block_k rows inside the query loop, "
-                "keeping only m, l and acc per row") from None
-        raise
-    rows = torch.randperm(n, generator=gen)[:8]
-    expected, expected_lse = _attention64(q[:, :, rows], k, v)
-    name = f"tiled_attention at N = {n} (tiles {tile} x {tile}), rows {rows.tolist()}"
-    assert_close(out[:, :, rows] if isinstance(out, torch.Tensor) else out, expected,
-                 name=f"out of {name}", rtol=1e-6, atol=1e-8)
-    assert_close(lse[:, :, rows] if isinstance(lse, torch.Tensor) else lse, expected_lse,
-                 name=f"lse of {name}", rtol=1e-6, atol=1e-8)
 
 
 # -------------------------------------------------------------- flash_attention_fwd_kernel
@@ -220,7 +193,7 @@ def _require_tiles(learner) -> None:
                                  "[BLOCK_M, BLOCK_N] tile with tile operations")
 
 
-@exercise("flash_attention_fwd_kernel", points=5, timeout=120)
+@exercise("flash_attention_fwd_kernel", points=5, timeout=60)
 @pytest.mark.parametrize("case", list(KERNEL_CASES))
 def test_flash_kernel_matches_attention(learner, seed, case):
     _require_tiles(learner)

@@ -135,57 +135,6 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
         lse[:, :, i:i + block_q] = m + torch.log(l)
     return out, lse
 
-# %% grade_id: tiled_attention | wrong: ignores the tiles: one tile holding the whole score matrix
-# expect: the whole [N, N] score matrix
-import math
-
-import torch
-
-
-def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
-    """Attention computed tile by tile with a running softmax, never holding [Nq, Nk] scores.
-
-    q: [B, H, Nq, D], k and v: [B, H, Nk, D], one floating dtype. Scores are q k^T / sqrt(D).
-    causal: query i sees keys j <= i + (Nk - Nq) (the queries are the LAST Nq positions;
-    the grader only asks for causal with Nq <= Nk).
-    Loop over query tiles of block_q rows and, inside, over key/value tiles of block_k rows;
-    the last tile of either may be shorter. Per query row keep the running max m, the sum
-    l = sum exp(s - m) and the unnormalised output acc = sum exp(s - m) v over the keys seen.
-    Returns (out [B, H, Nq, D], lse [B, H, Nq]) in q's dtype; lse = m + log(l), the natural
-    log of sum_j exp(score_ij). softmax functions and scaled_dot_product_attention are forbidden.
-    """
-    return _whole_matrix(q, k, v, causal)
-
-
-def _whole_matrix(q, k, v, causal):
-    """The same running softmax, over ONE tile holding all queries and all keys."""
-    batch, heads, n_q, dim = q.shape
-    block_q = block_k = max(q.shape[2], k.shape[2])
-    n_k = k.shape[2]
-    scale = 1.0 / math.sqrt(dim)
-    out, lse = torch.empty_like(q), q.new_empty(batch, heads, n_q)
-    for i in range(0, n_q, block_q):
-        q_tile = q[:, :, i:i + block_q] * scale                        # [B, H, bq, D]
-        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + (n_k - n_q)
-        m = q.new_full(q_tile.shape[:3], float("-inf"))
-        l = torch.zeros_like(m)
-        acc = torch.zeros_like(q_tile)
-        for j in range(0, n_k, block_k):
-            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)     # [B, H, bq, bk]
-            if causal:
-                cols = torch.arange(j, j + s.shape[-1])[None, :]
-                s = s.masked_fill(cols > rows, float("-inf"))
-            m_new = torch.maximum(m, s.amax(-1))
-            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # no key seen yet
-            alpha = torch.exp(m - safe)                                 # rescales the old sums
-            p = torch.exp(s - safe[..., None])
-            l = l * alpha + p.sum(-1)
-            acc = acc * alpha[..., None] + p @ v[:, :, j:j + block_k]
-            m = m_new
-        out[:, :, i:i + block_q] = acc / l[..., None]
-        lse[:, :, i:i + block_q] = m + torch.log(l)
-    return out, lse
-
 # %% grade_id: tiled_attention | cheat: SDPA through an alias fetched by name
 # expect: is forbidden
 import torch
