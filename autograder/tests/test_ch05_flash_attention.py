@@ -93,7 +93,7 @@ def _tiled_case(gen, causal, magnitude=1.0):
     return q * magnitude, k, v, randint(gen, 3, 20), randint(gen, 3, 20)
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
 def test_tiled_attention_matches_attention(learner, seed):
     gen = generator(seed)
     for _ in range(4):
@@ -102,7 +102,7 @@ def test_tiled_attention_matches_attention(learner, seed):
     _check_tiled(learner, q, k, v, q.shape[2] + 5, 1, causal=False, what="(one query tile, 1-key tiles)")
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
 def test_tiled_attention_causal(learner, seed):
     gen = generator(seed + 1)
     for _ in range(4):
@@ -111,7 +111,7 @@ def test_tiled_attention_causal(learner, seed):
     _check_tiled(learner, q, k, v, 4, 8, causal=True, what="(one decode query)")
 
 
-@exercise("tiled_attention", points=4, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
 def test_tiled_attention_large_scores(learner, seed):
     gen = generator(seed + 2)
     for causal in (False, True):
