@@ -1,0 +1,277 @@
+"""Grader for exercises/ch05_flash_attention.ipynb.
+
+Expected values come from ``reference.kernels.torch_reference`` (plain attention in float64) and
+``reference.kernels.flash_attention.hbm_bytes``, computed here on inputs drawn from
+``torch.Generator().manual_seed(seed)``. Wrong answers are compared with what the usual slips
+produce (mask off by one, queries not aligned to the end, tail tile dropped, wrong K/V head) to
+name the slip. The kernel runs in the learner's process under ``TRITON_INTERPRET=1``; the grader
+owns its launcher, poisons every output and the spare rows and heads of its input buffers with NaN.
+"""
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+
+import pytest
+import torch
+
+from autograder.errors import LearnerError
+from autograder.feedback import assert_close, assert_equal
+from autograder.inputs import generator, randint
+from autograder.plugin import exercise
+from reference.kernels.flash_attention import hbm_bytes
+from reference.kernels.torch_reference import causal_mask
+
+SOFTMAX_FORBIDDEN = ["torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
+                     "torch.nn.functional.scaled_dot_product_attention"]
+
+
+def _attention64(q, k, v, visible=None):
+    """(out, lse) of softmax(q k^T / sqrt(D)) v in float64; ``visible`` [Nq, Nk] bool or None."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    return torch.softmax(scores, dim=-1) @ v, torch.logsumexp(scores, dim=-1)
+
+
+def _causal_slips(n_q: int, n_k: int) -> dict[str, torch.Tensor]:
+    """Masks the usual causal slips produce, by the advice that fixes them."""
+    rows = torch.arange(n_q)[:, None]
+    cols = torch.arange(n_k)[None, :]
+    slips = {"the causal diagonal is off by one: query i sees key j when j <= i + (Nk - Nq), "
+             "the diagonal included (use <=, not <)": cols < rows + (n_k - n_q)}
+    if n_q < n_k:
+        slips["the Nq queries are the LAST Nq positions: query i sees keys j <= i + (Nk - Nq), "
+              "not only j <= i"] = cols <= rows
+    return slips
+
+
+def _name_slip(got, slips: dict[str, torch.Tensor]) -> str | None:
+    """The advice of the first slip whose output equals ``got`` (NaN where it has NaN)."""
+    if not isinstance(got, torch.Tensor):
+        return None
+    for advice, expected in slips.items():
+        if got.shape == expected.shape and torch.allclose(got.double(), expected, rtol=1e-3,
+                                                          atol=1e-4, equal_nan=True):
+            return advice
+    return None
+
+
+# ------------------------------------------------------------------------- tiled_attention
+
+def _check_tiled(learner, q, k, v, block_q, block_k, causal, what):
+    n_q, n_k = q.shape[2], k.shape[2]
+    visible = causal_mask(n_q, n_k) if causal else None
+    expected, expected_lse = _attention64(q, k, v, visible)
+    call = (f"tiled_attention(q {list(q.shape)}, k/v {list(k.shape)}, block_q={block_q}, "
+            f"block_k={block_k}, causal={causal}) {what}")
+    result = learner.call("tiled_attention", q, k, v, block_q, block_k, causal=causal)
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise AssertionError(f"{call} returned {type(result).__name__}; return the pair (out, lse)")
+    out, lse = result
+    slips = {advice: _attention64(q, k, v, mask)[0] for advice, mask in
+             (_causal_slips(n_q, n_k) if causal else {}).items()}
+    slips["divide the scores by sqrt(D) (once)"] = _attention64(q / math.sqrt(q.shape[-1]), k, v, visible)[0]
+    hint = _name_slip(out, slips)
+    if hint is None and isinstance(out, torch.Tensor) and not torch.isfinite(out).all():
+        hint = ("inf/NaN in the output: subtract the running max before exp (exp of scores in the "
+                "hundreds overflows), and rescale l and acc by exp(m_old - m_new) when the max grows")
+    assert_close(out, expected.to(q.dtype), name=f"out of {call}", rtol=2e-4, atol=2e-5, hint=hint)
+    assert_close(lse, expected_lse.to(q.dtype), name=f"lse of {call}", rtol=2e-4, atol=2e-5,
+                 hint="lse = m + log(l) with the final running max m and sum l of each row, in "
+                      "the same units as the scores (after the 1/sqrt(D) scale)")
+
+
+def _tiled_case(gen, causal, magnitude=1.0):
+    batch, heads, dim = randint(gen, 1, 2), randint(gen, 1, 3), [8, 16, 32][randint(gen, 0, 2)]
+    n_k = randint(gen, 1, 70)
+    n_q = randint(gen, 1, n_k) if causal else randint(gen, 1, 70)
+    q, k, v = (torch.randn(batch, heads, n, dim, generator=gen, dtype=torch.float64).float()
+               for n in (n_q, n_k, n_k))
+    return q * magnitude, k, v, randint(gen, 3, 20), randint(gen, 3, 20)
+
+
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+def test_tiled_attention_matches_attention(learner, seed):
+    gen = generator(seed)
+    for _ in range(4):
+        _check_tiled(learner, *_tiled_case(gen, causal=False), causal=False, what="")
+    q, k, v, _, _ = _tiled_case(gen, causal=False)
+    _check_tiled(learner, q, k, v, q.shape[2] + 5, 1, causal=False, what="(one query tile, 1-key tiles)")
+
+
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+def test_tiled_attention_causal(learner, seed):
+    gen = generator(seed + 1)
+    for _ in range(4):
+        _check_tiled(learner, *_tiled_case(gen, causal=True), causal=True, what="")
+    q, k, v = (torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64).float() for n in (1, 37, 37))
+    _check_tiled(learner, q, k, v, 4, 8, causal=True, what="(one decode query)")
+
+
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+def test_tiled_attention_large_scores(learner, seed):
+    gen = generator(seed + 2)
+    for causal in (False, True):
+        q, k, v, bq, bk = _tiled_case(gen, causal=causal, magnitude=60.0)
+        _check_tiled(learner, q, k, v, bq, bk, causal=causal, what="with scores in the hundreds")
+
+
+# -------------------------------------------------------------- flash_attention_fwd_kernel
+
+BLOCK_M = BLOCK_N = HEAD_DIM = 16
+SPARE_ROWS, SPARE_HEADS = 16, 2     # NaN-poisoned room in every input buffer (like a KV cache's)
+KERNEL_CASES = {      # name: (query heads, group, Nq, Nk, causal, score magnitude)
+    "tail_tiles": (2, 1, 37, 50, False, 1.0),
+    "causal_square": (2, 1, 45, 45, True, 1.0),
+    "gqa_3_causal_prefix": (6, 3, 20, 53, True, 1.0),
+    "large_scores": (1, 1, 33, 40, False, 40.0),
+}
+
+
+def _buffer(gen, heads: int, rows: int) -> torch.Tensor:
+    """[heads + SPARE_HEADS, rows + SPARE_ROWS, HEAD_DIM] NaN, random where a kernel may read."""
+    buf = torch.full((heads + SPARE_HEADS, rows + SPARE_ROWS, HEAD_DIM), float("nan"))
+    buf[:heads, :rows] = torch.randn(heads, rows, HEAD_DIM, generator=gen, dtype=torch.float64).float()
+    return buf
+
+
+def _kernel_hint(got, q, k, v, group, causal) -> str | None:
+    n_q, n_k = q.shape[1], k.shape[1]
+    k_all, v_all = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)
+    visible = causal_mask(n_q, n_k) if causal else torch.ones(n_q, n_k, dtype=torch.bool)
+    slips = {advice: _attention64(q, k_all, v_all, mask)[0]
+             for advice, mask in (_causal_slips(n_q, n_k) if causal else {}).items()}
+    if n_k % BLOCK_N:
+        dropped = visible & (torch.arange(n_k) < n_k // BLOCK_N * BLOCK_N)
+        if dropped.any(1).all():
+            slips["the last, partial key tile was skipped: loop over cdiv(n_keys, BLOCK_N) tiles "
+                  "and mask the keys >= n_keys"] = _attention64(q, k_all, v_all, dropped)[0]
+    hint = _name_slip(got, slips)
+    if hint is None and isinstance(got, torch.Tensor) and torch.isnan(got).any():
+        hint = ("NaN in the output: the spare rows and heads of the buffers hold NaN. Mask the "
+                "loads of rows >= n_queries and keys >= n_keys (and give masked scores -inf); "
+                + ("query head h reads K/V head h // group; " if group > 1 else "")
+                + "move between heads and rows with the strides passed in")
+    elif hint is None and isinstance(got, torch.Tensor) and torch.isinf(got).any():
+        hint = "inf in the output: subtract the running max before tl.exp"
+    return hint or ("when a tile raises a row's max from m_old to m_new, multiply l and acc by "
+                    "exp(m_old - m_new) before adding the tile's terms")
+
+
+def _require_tiles(learner) -> None:
+    """Static look at the kernel, before every kernel test: tile products with tl.dot, tiles sized
+    by the block constexprs, no loop inside a loop. A kernel that loads all of K in one fixed-size
+    tile, or loops over single elements, earns nothing even where its numbers are right."""
+    source = _kernel_source(learner, "flash_attention_fwd_kernel")
+    if source is None:
+        raise AssertionError("`flash_attention_fwd_kernel` is not defined (run its cell first)")
+    tree = ast.parse(source)
+    kernel = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
+                   and n.name == "flash_attention_fwd_kernel"), None)
+    if kernel is None:
+        raise AssertionError("no `def flash_attention_fwd_kernel` in your cell")
+    calls = [n for n in ast.walk(kernel) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+    if not any(c.func.attr == "dot" for c in calls):
+        raise AssertionError("compute the score tile and the P V product with tl.dot (tile x tile "
+                             "products on the tensor cores), not with elementwise loops or sums")
+    allowed = {"BLOCK_M", "BLOCK_N", "HEAD_DIM"}
+    for call in calls:
+        if call.func.attr == "arange":
+            sizes = {n.id for n in ast.walk(call.args[-1]) if isinstance(n, ast.Name)} if call.args else set()
+            if not sizes or not sizes <= allowed:
+                raise AssertionError(f"line {call.lineno}: tl.arange must span BLOCK_M, BLOCK_N or "
+                                     "HEAD_DIM: a fixed-size tile holding all of K or Q works only "
+                                     "up to that size; loop over key tiles of BLOCK_N instead")
+    for loop in (n for n in ast.walk(kernel) if isinstance(n, (ast.For, ast.While))):
+        inner = [n for n in ast.walk(loop) if isinstance(n, (ast.For, ast.While)) and n is not loop]
+        if inner:
+            raise AssertionError(f"line {inner[0].lineno}: a loop inside the loop over key tiles "
+                                 "works element by element; each step should handle a whole "
+                                 "[BLOCK_M, BLOCK_N] tile with tile operations")
+
+
+@exercise("flash_attention_fwd_kernel", points=5, timeout=60)
+@pytest.mark.parametrize("case", list(KERNEL_CASES))
+def test_flash_kernel_matches_attention(learner, seed, case):
+    _require_tiles(learner)
+    heads, group, n_q, n_k, causal, magnitude = KERNEL_CASES[case]
+    gen = generator(seed + len(case))
+    q_buf, out = _buffer(gen, heads, n_q), torch.full((heads, n_q + SPARE_ROWS, HEAD_DIM), float("nan"))
+    q_buf[:heads, :n_q] *= magnitude
+    k_buf, v_buf = _buffer(gen, heads // group, n_k), _buffer(gen, heads // group, n_k)
+    lse = torch.full((heads, n_q), float("nan"))
+    grid = (-(-n_q // BLOCK_M), heads)
+    args = (q_buf, k_buf, v_buf, out, lse, *q_buf.stride()[:2], *k_buf.stride()[:2],
+            *v_buf.stride()[:2], *out.stride()[:2], n_q, n_k, group, 1 / math.sqrt(HEAD_DIM))
+    got = learner.launch("flash_attention_fwd_kernel", grid, *args, CAUSAL=causal,
+                         HEAD_DIM=HEAD_DIM, BLOCK_M=BLOCK_M, BLOCK_N=BLOCK_N)
+    got_out, got_lse = got[3], got[4]
+    q, k, v = q_buf[:heads, :n_q], k_buf[:heads // group, :n_k], v_buf[:heads // group, :n_k]
+    expected, expected_lse = _attention64(q, k.repeat_interleave(group, 0), v.repeat_interleave(group, 0),
+                                          causal_mask(n_q, n_k) if causal else None)
+    name = f"{case}: {heads} query heads, group {group}, Nq={n_q}, Nk={n_k}, causal={causal}"
+    assert_close(got_out[:heads, :n_q], expected.float(), name=f"out ({name})", rtol=1e-4,
+                 atol=1e-5, hint=_kernel_hint(got_out[:heads, :n_q], q, k, v, group, causal))
+    assert_close(got_lse, expected_lse.float(), name=f"lse ({name})", rtol=1e-4, atol=1e-5,
+                 hint="store m + log(l) of each row (natural log, scores already scaled)")
+    spare = got_out[:, n_q:]
+    if not torch.isnan(spare).all():
+        raise AssertionError(f"{name}: the kernel wrote rows >= n_queries of out; mask the store")
+
+
+def _kernel_source(learner, name: str) -> str | None:
+    """The learner's cell source (sandbox), else the kernel's own source (check() in a notebook)."""
+    source = learner.cell_source(name) if hasattr(learner, "cell_source") else None
+    kernel = getattr(learner, "namespace", {}).get(name)
+    if source is None and hasattr(kernel, "fn"):
+        source = inspect.getsource(kernel.fn)
+    return source
+
+
+# ------------------------------------------------------------------------- flash_hbm_bytes
+
+@exercise("flash_hbm_bytes", points=2)
+def test_flash_hbm_bytes_matches_the_counts(learner, seed):
+    gen = generator(seed + 4)
+    for _ in range(6):
+        args = dict(n_queries=randint(gen, 1, 20_000), n_keys=randint(gen, 1, 20_000),
+                    head_dim=[64, 128][randint(gen, 0, 1)], block_m=[64, 128][randint(gen, 0, 1)],
+                    element_bytes=[1, 2, 4][randint(gen, 0, 2)])
+        args["n_queries"] += args["n_queries"] % args["block_m"] == 0    # a partial last tile
+        expected = hbm_bytes(args["n_queries"], args["n_keys"], args["head_dim"],
+                             args["element_bytes"], args["block_m"])
+        call = f"flash_hbm_bytes({', '.join(f'{k}={v}' for k, v in args.items())})"
+        got = learner.call("flash_hbm_bytes", **args)
+        if not isinstance(got, dict) or set(got) != {"naive", "flash"}:
+            raise AssertionError(f"{call} returned {got!r}; return a dict with keys 'naive' and 'flash'")
+        nq, nk, d, b, bm = (args[k] for k in ("n_queries", "n_keys", "head_dim", "element_bytes", "block_m"))
+        kv = 2 * nk * d * b
+        naive_slips = {expected["naive"] - 2 * nq * nk * b: "S and P each cross HBM twice (written, "
+                       "then read): four trips of an [n_queries, n_keys] matrix"}
+        flash_slips = {expected["flash"] - 4 * nq: "add one float32 log-sum-exp (4 bytes) per query row",
+                       expected["flash"] - 4 * nq + nq * b: "the log-sum-exp is float32: 4 bytes per "
+                       "row whatever element_bytes is",
+                       expected["flash"] - kv * (-(-nq // bm) - 1): "K and V are read once per query "
+                       "tile, not once in total",
+                       expected["flash"] - kv * (-(-nq // bm) - nq // bm): "round the number of "
+                       "query tiles up: the last, partial tile reads K and V too"}
+        assert_equal(got["naive"], expected["naive"], name=f"{call}['naive']",
+                     hint=naive_slips.get(got["naive"]))
+        assert_equal(got["flash"], expected["flash"], name=f"{call}['flash']",
+                     hint=flash_slips.get(got["flash"]))
+
+
+@exercise("flash_hbm_bytes", points=2)
+def test_flash_hbm_bytes_rejects_bad_sizes(learner, seed):
+    for bad in (dict(block_m=0), dict(head_dim=0), dict(n_keys=-randint(generator(seed), 1, 99))):
+        args = dict(n_queries=128, n_keys=128, head_dim=64, block_m=64) | bad
+        try:
+            result = learner.call("flash_hbm_bytes", **args)
+        except LearnerError as exc:
+            if "ValueError" not in str(exc):
+                raise AssertionError(f"flash_hbm_bytes({args}) should raise ValueError; instead {exc}") from None
+            continue
+        raise AssertionError(f"flash_hbm_bytes({args}) returned {result!r}; it should raise ValueError")
