@@ -4,7 +4,8 @@ Two checks, both named in the report:
 
 - static, grader side: ``uses_in_source`` looks for the function's name in the cell's source;
 - run time, learner side: ``Guard`` replaces the function (under every name it has in ``torch``,
-  ``torch.nn.functional`` and ``torch._C._nn``) by a wrapper that raises
+  ``torch.nn.functional`` and ``torch._C._nn``; a method such as ``torch.Tensor.softmax`` on its
+  class) by a wrapper that raises
   ``ForbiddenFunctionError`` while an exercise that forbids it is being graded. In the sandbox
   the guard is installed before any learner cell runs, so aliases taken by a cell are guarded too.
 """
@@ -23,9 +24,19 @@ class ForbiddenFunctionError(RuntimeError):
     """Learner code called a function its exercise forbids."""
 
 
+def _owner(dotted: str) -> tuple[Any, str]:
+    """(object holding the function, its attribute name): a module, or a class such as
+    ``torch.Tensor`` for a method (``"torch.Tensor.softmax"``)."""
+    parent, _, attr = dotted.rpartition(".")
+    module, _, cls = parent.rpartition(".")
+    if cls[:1].isupper():
+        return getattr(importlib.import_module(module), cls), attr
+    return importlib.import_module(parent), attr
+
+
 def _resolve(dotted: str) -> Any:
-    module, _, attr = dotted.rpartition(".")
-    return getattr(importlib.import_module(module), attr)
+    owner, attr = _owner(dotted)
+    return getattr(owner, attr)
 
 
 class Guard:
@@ -40,6 +51,11 @@ class Guard:
         for name in self.names:
             original = _resolve(name)
             wrapper = self._wrapper(name, original)
+            owner, attr = _owner(name)
+            if isinstance(owner, type):  # a method: patched on its class (x.softmax(-1))
+                setattr(owner, attr, wrapper)
+                self._patches.append((owner, attr, original))
+                continue
             for module_name in SEARCHED:
                 module = importlib.import_module(module_name)
                 for attr, value in list(vars(module).items()):

@@ -21,6 +21,7 @@ from torch import Tensor
 
 from autograder.errors import LearnerError, describe
 from autograder.forbid import Guard
+from autograder.launching import launch
 from autograder.protocol import HEADER, decode, encode
 from autograder.proxies import LearnerSide
 from autograder.refs import Handle, from_wire, to_wire
@@ -141,8 +142,7 @@ class LocalLearner:
         target = self._lookup(kernel)
 
         def run(*a, **k):
-            target[tuple(grid)](*a, **k)
-            return list(a)
+            return launch(target, grid, a, k)
         return self._run(run, args, kwargs)
 
 

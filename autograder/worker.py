@@ -35,6 +35,7 @@ from torch import Tensor
 from autograder.confine import drop_privileges, landlock, lock_down
 from autograder.errors import describe
 from autograder.forbid import Guard
+from autograder.launching import launch
 from autograder.protocol import read_message, write_message
 from autograder.proxies import LearnerSide
 
@@ -43,6 +44,16 @@ CELL_DIR = "learner_cells"
 LIBC = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG = 1
 
+
+
+def cuda_usable() -> bool:
+    """Whether this process can use a CUDA GPU. A GPU the grader sees may be out of reach in the
+    sandbox (device files hidden by the namespaces or the unprivileged user); torch then warns,
+    which would land in the learner's output, so the warning is silenced."""
+    import warnings
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.cuda.is_available()
 
 
 def triton_kernel_types() -> tuple[type, ...]:
@@ -150,8 +161,7 @@ class Worker:
                 kernel = self._lookup(request["name"])
                 if type(kernel) not in triton_kernel_types():  # exact types: no look-alike class
                     raise TypeError(f"`{request['name']}` must be a @triton.jit kernel")
-                kernel[tuple(request["grid"])](*args, **kwargs)
-                return self.side.result(list(args))
+                return self.side.result(launch(kernel, request["grid"], args, kwargs))
             if "handle" in request:
                 target = getattr(self.side.resolve(request["handle"]), request["attr"])
                 if request.get("get"):
@@ -197,6 +207,9 @@ def main(argv: list[str]) -> None:
         isolation.append("Landlock: writes only in its temporary directory"
                          + ("" if config["lockdown"] else ", grader files unreadable"))
     relay_exit_status()
+    if os.environ.get("TRITON_INTERPRET") != "1" and not cuda_usable():
+        os.environ["TRITON_INTERPRET"] = "1"   # the sandbox cannot reach the GPU: interpret kernels
+        isolation.append("Triton kernels interpreted (no GPU inside the sandbox)")
     restrict(config["memory_mb"], config["memory_limit"],
              config["max_processes"] if config["uid"] is not None else None)
     worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])

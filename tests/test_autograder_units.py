@@ -196,6 +196,22 @@ def test_exercise_timeout_replaces_the_call_limit_and_forbid_is_enforced():
         learner.close()
 
 
+def test_forbidding_a_tensor_method_refuses_it_under_any_spelling():
+    from autograder.forbid import ForbiddenFunctionError, Guard
+    guard = Guard(["torch.Tensor.softmax"]).install()
+    x = torch.randn(3)
+    try:
+        assert torch.equal(x.softmax(-1), torch.softmax(x, -1))  # installed but not active
+        with guard.forbidding(["torch.Tensor.softmax"]):
+            for spelled in (lambda: x.softmax(-1), lambda: getattr(x, "soft" + "max")(-1),
+                            lambda: torch.Tensor.softmax(x, -1)):
+                with pytest.raises(ForbiddenFunctionError, match="torch.Tensor.softmax"):
+                    spelled()
+    finally:
+        guard.uninstall()
+    assert torch.equal(x.softmax(-1), torch.softmax(x, -1))
+
+
 def test_static_look_names_forbidden_functions_but_not_in_docstrings():
     from autograder.forbid import uses_in_source
     name = ["torch.nn.functional.scaled_dot_product_attention"]

@@ -26,7 +26,8 @@ from reference.kernels.torch_reference import merge_softmax_states as reference_
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 SOFTMAX_FUNCTIONS = ["torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
                      "torch.log_softmax", "torch.nn.functional.log_softmax",
-                     "torch.logsumexp", "torch.special.logsumexp"]
+                     "torch.logsumexp", "torch.special.logsumexp",
+                     "torch.Tensor.softmax", "torch.Tensor.log_softmax", "torch.Tensor.logsumexp"]
 NO_RESCALE = ("ℓ was not rescaled when the max grew: before adding a tile's terms, multiply the "
               "running sum by exp(m_old - m_new)")
 NO_MAX = "subtract the (running) max before exp: exp of a score above ~88 overflows float32"
