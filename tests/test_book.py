@@ -149,3 +149,18 @@ def test_constraints_pin_torch_as_the_requirements_do():
     torch_pin = next(line for line in requirements if line.startswith("torch=="))
     assert torch_pin in constraints
     assert not any(line.startswith(("-e", "llm-inference-course")) for line in constraints)
+
+
+def test_bibliography_parses_and_has_every_cited_key():
+    """A broken .bib entry fails the whole build (sphinxcontrib-bibtex); catch it here, and a
+    {cite} key that no entry defines."""
+    import re
+
+    from pybtex.database import parse_file
+    keys = set(parse_file(str(BOOK / "references.bib")).entries)
+    cited = set()
+    for page in [*BOOK.glob("*.ipynb"), *BOOK.glob("*.md")]:
+        for group in re.findall(r"\{cite(?::[a-z]+)?\}`([^`]+)`", page.read_text()):
+            cited.update(k.strip() for k in group.split(","))
+    assert cited, "no citations found: the pattern no longer matches the book's {cite} roles"
+    assert cited <= keys, f"cited but not in references.bib: {sorted(cited - keys)}"
