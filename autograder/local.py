@@ -25,7 +25,7 @@ from autograder.launching import launch
 from autograder.protocol import HEADER, decode, encode
 from autograder.proxies import LearnerSide
 from autograder.refs import Handle, from_wire, to_wire
-from autograder.store import ReferenceStore
+from autograder.store import GraderSideTrace, ReferenceStore
 
 TESTS_DIR = Path(__file__).resolve().parent / "tests"
 
@@ -40,7 +40,7 @@ def _copy(value: Any) -> Any:
     return decode(encode(value)[HEADER.size:])
 
 
-class LocalLearner:
+class LocalLearner(GraderSideTrace):
     """The learner API over a namespace ``dict`` of the learner's objects, called directly.
 
     Arguments and results are converted exactly as for the sandbox (tensors copied, markers
@@ -54,16 +54,6 @@ class LocalLearner:
         self.exercise = None
         self._side = LearnerSide(self._remote)
         self._guard: Guard | None = None
-
-    @property
-    def last_trace(self) -> list[tuple[tuple[int, ...], bool]]:
-        """(input shape, cache passed) of every forward of the last call."""
-        return [(f.shape, f.cache is not None) for f in self.store.trace]
-
-    @property
-    def trace(self) -> list:
-        """``store.Forward`` records (shape, cache id, cache length) of the last call."""
-        return list(self.store.trace)
 
     @classmethod
     def from_file(cls, path: str | Path) -> "LocalLearner":

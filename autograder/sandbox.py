@@ -35,7 +35,7 @@ from autograder.isolation import (UID_BASE, UNSHARE, SandboxUnavailable, can_swi
                                   namespaces_available, readable_by_all)
 from autograder.protocol import ProtocolError, read_message, write_message
 from autograder.refs import Handle, from_wire, to_wire
-from autograder.store import ReferenceStore
+from autograder.store import GraderSideTrace, ReferenceStore
 
 PACKAGE_ROOT = Path(__file__).resolve().parent.parent
 ENV_KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
@@ -51,7 +51,7 @@ def kill_all() -> None:
         learner.close()
 
 
-class SandboxLearner:
+class SandboxLearner(GraderSideTrace):
     """The learner API (``call``, ``new``, ``method``, ``getattr``, ``launch``, ``last_trace``)
     for the solution ``cells`` (list of ``(grade_id, source)``), run in a worker process.
 
@@ -98,16 +98,6 @@ class SandboxLearner:
         LIVE.add(self)
 
     # -- what the grader tests see -----------------------------------------------------------
-    @property
-    def last_trace(self) -> list[tuple[tuple[int, ...], bool]]:
-        """(input shape, cache passed) of every forward of the last call, recorded here."""
-        return [(f.shape, f.cache is not None) for f in self.store.trace]
-
-    @property
-    def trace(self) -> list:
-        """``store.Forward`` records (shape, cache id, cache length) of the last call."""
-        return list(self.store.trace)
-
     def begin(self, exercise) -> None:
         """The exercise graded from now on (its ``forbid`` list and ``timeout``)."""
         self.exercise = exercise

@@ -160,3 +160,19 @@ def _int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         raise TypeError(f"{name} must be an int, got {type(value).__name__}")
     return value
+
+
+class GraderSideTrace:
+    """What grader tests read about *how* the learner computed: the forwards of the last call,
+    recorded by ``self.store`` in the grader's process (mixed into both learner classes)."""
+    store: ReferenceStore
+
+    @property
+    def last_trace(self) -> list[tuple[tuple[int, ...], bool]]:
+        """(input shape, cache passed) of every forward of the last call."""
+        return [(f.shape, f.cache is not None) for f in self.store.trace]
+
+    @property
+    def trace(self) -> list[Forward]:
+        """``Forward`` records (shape, cache id, cache length) of the last call."""
+        return list(self.store.trace)

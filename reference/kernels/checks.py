@@ -51,3 +51,18 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> t
 def check_head_dim(head_dim: int) -> None:
     if head_dim not in HEAD_DIMS:
         raise ValueError(f"head dim must be one of {HEAD_DIMS}, got {head_dim}")
+
+
+def check_kv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int]:
+    """K/V against queries laid out [B, Hq, ..., D]: k and v of one shape [B, Hkv, N, D] with q's
+    batch and head dim, Hq a multiple of Hkv, a supported head dim. Returns (Hkv, N)."""
+    batch, n_q_heads, head_dim = q.shape[0], q.shape[1], q.shape[-1]
+    if k.shape != v.shape:
+        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    if k.shape[0] != batch or k.shape[3] != head_dim:
+        raise ValueError(f"k/v shape {tuple(k.shape)} does not match q {tuple(q.shape)} in batch or head dim")
+    n_kv_heads, n_keys = k.shape[1], k.shape[2]
+    if n_kv_heads == 0 or n_q_heads % n_kv_heads:
+        raise ValueError(f"query heads ({n_q_heads}) must be a multiple of K/V heads ({n_kv_heads})")
+    check_head_dim(head_dim)
+    return n_kv_heads, n_keys

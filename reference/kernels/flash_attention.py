@@ -150,14 +150,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal
     """
     checks.check_tensors({"q": q, "k": k, "v": v}, {"q": 4, "k": 4, "v": 4})
     batch, n_q_heads, n_queries, head_dim = q.shape
-    if k.shape != v.shape:
-        raise ValueError(f"k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
-    if k.shape[0] != batch or k.shape[3] != head_dim:
-        raise ValueError(f"k/v shape {tuple(k.shape)} does not match q {tuple(q.shape)} in batch or head dim")
-    n_kv_heads, n_keys = k.shape[1], k.shape[2]
-    if n_kv_heads == 0 or n_q_heads % n_kv_heads:
-        raise ValueError(f"query heads ({n_q_heads}) must be a multiple of K/V heads ({n_kv_heads})")
-    checks.check_head_dim(head_dim)
+    n_kv_heads, n_keys = checks.check_kv(q, k, v)
     if n_queries == 0 or n_keys == 0:
         raise ValueError(f"need at least one query and one key, got Nq={n_queries}, Nk={n_keys}")
     if causal and n_queries > n_keys:
