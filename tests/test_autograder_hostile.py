@@ -191,7 +191,10 @@ def test_hostile_exercise_scores_zero(batch, name):
 def test_write_attacks_were_tried_and_refused(batch):
     for name in ("write_site_packages", "append_run_autograder", "write_grader_cwd"):
         output = entry(batch["results"], name)["output"]
-        assert "PermissionError" in output or "Read-only file system" in output, output
+        # refused: not allowed, read-only, or not even visible (a repository under /tmp is
+        # behind the sandbox's private /tmp)
+        assert any(word in output for word in ("PermissionError", "Read-only file system",
+                                               "No such file or directory")), output
     assert "PermissionError" in entry(batch["results"], "kill_grader")["output"] or \
         "no grader in sight" in entry(batch["results"], "kill_grader")["output"]
     assert "only" in entry(batch["results"], "fork_bomb")["output"] or \
