@@ -164,3 +164,31 @@ def test_bibliography_parses_and_has_every_cited_key():
             cited.update(k.strip() for k in group.split(","))
     assert cited, "no citations found: the pattern no longer matches the book's {cite} roles"
     assert cited <= keys, f"cited but not in references.bib: {sorted(cited - keys)}"
+
+
+def test_autograder_appendix_documents_real_commands_and_options():
+    """Every `python -m autograder ...` command in the appendix parses with the real CLI, and every
+    `--option` it names exists, so the page cannot drift from the grader."""
+    import re
+    import shlex
+
+    from autograder.cli import parser
+
+    page = (BOOK / "appendix_autograder.md").read_text()
+    commands = [line.split("#")[0].strip() for line in
+                re.findall(r"python -m autograder [^`\n]+", page)]
+    subcommands = parser()._subparsers._group_actions[0].choices
+    full = [c for c in commands if len(shlex.split(c)) > 4]   # not a bare mention of a subcommand
+    assert len(full) >= 5, commands
+    for command in commands:
+        words = shlex.split(command)[3:]
+        assert words[0] in subcommands, f"the appendix names a subcommand the CLI lacks: {command}"
+        if command in full:
+            try:
+                parser().parse_args(words)
+            except SystemExit:
+                pytest.fail(f"the appendix documents a command the CLI rejects: {command}")
+    known = {option for sub in subcommands.values() for action in sub._actions
+             for option in action.option_strings}
+    named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", page))
+    assert named <= known | {"--help"}, f"options the grader does not have: {sorted(named - known)}"
