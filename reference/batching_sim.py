@@ -165,8 +165,7 @@ def simulate_static(workload: list[dict], max_batch: int) -> SimResult:
     """Static batching: admit up to `max_batch` arrived requests, run them until the LAST one
     finishes (finished slots stay idle), then admit the next batch. No token budget."""
     _check_positive(max_batch=max_batch)
-    return _simulate(_checked_workload(workload), max_batch,
-                     lambda run, wait: schedule_static(run, wait, max_batch))
+    return run_schedule(workload, max_batch, lambda run, wait: schedule_static(run, wait, max_batch))
 
 
 def simulate_continuous(workload: list[dict], max_batch: int, max_num_batched_tokens: int | None = None,
@@ -189,7 +188,7 @@ def simulate_continuous(workload: list[dict], max_batch: int, max_num_batched_to
         raise ValueError(f"a prompt of {longest} tokens never fits max_num_batched_tokens={budget} "
                          "without chunked prefill")
     schedule = schedule_chunked if chunked_prefill else schedule_separate_prefill
-    return _simulate(requests, max_batch, lambda run, wait: schedule(run, wait, budget, max_batch))
+    return run_schedule(workload, max_batch, lambda run, wait: schedule(run, wait, budget, max_batch))
 
 
 def _check_positive(**values: int) -> None:
@@ -213,11 +212,15 @@ def _checked_workload(workload: list[dict]) -> list[dict]:
             for r in sorted(workload, key=lambda r: r["arrival"])]
 
 
-def _simulate(requests: list[dict], max_batch: int,
-              schedule: Callable[[list[dict], list[dict]], Counts]) -> SimResult:
-    """The engine loop shared by every policy, over `_checked_workload`'s copies: arrivals join `waiting`, `schedule` says how many
-    tokens each request gets this step (a waiting request in it is admitted into the lowest free
-    slot), the step is applied, and requests that sampled their last token give back their slot."""
+def run_schedule(workload: list[dict], max_batch: int,
+                 schedule: Callable[[list[dict], list[dict]], Counts]) -> SimResult:
+    """The engine loop every policy shares. Each step: arrivals join `waiting`; `schedule(running,
+    waiting)` says how many tokens each request gets (a waiting request in it is admitted into
+    the lowest free slot); the step is applied; requests that sampled their last token give their
+    slot back. Raises ValueError when the schedule names an unknown request, admits more than
+    `max_batch` or gives a request more tokens than it can use."""
+    _check_positive(max_batch=max_batch)
+    requests = _checked_workload(workload)
     by_id = {r["id"]: r for r in requests}
     pending, waiting, running = list(reversed(requests)), [], []
     slots: list = [None] * max_batch
@@ -227,8 +230,12 @@ def _simulate(requests: list[dict], max_batch: int,
             waiting.append(pending.pop())
         counts = schedule(running, waiting)
         for rid in counts:
-            request = by_id[rid]
+            request = by_id.get(rid)
+            if request is None or (request not in running and request not in waiting):
+                raise ValueError(f"step {step}: tokens for {rid!r}, which is neither running nor waiting")
             if request["admitted"] is None:
+                if None not in slots:
+                    raise ValueError(f"step {step}: admitting {rid!r} needs more than {max_batch} slots")
                 waiting.remove(request)
                 running.append(request)
                 request["admitted"] = step
@@ -246,6 +253,8 @@ def _simulate(requests: list[dict], max_batch: int,
 def _advance(request: dict, tokens: int, step: int) -> None:
     """Apply `tokens` scheduled tokens: prompt tokens first; completing the prompt, or a decode
     token, samples one output token."""
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1:
+        raise ValueError(f"request {request['id']}: scheduled {tokens!r} tokens; give a whole number >= 1")
     if request["prefilled"] < request["prompt_len"]:
         if tokens > request["prompt_len"] - request["prefilled"]:
             raise ValueError(f"request {request['id']}: {tokens} tokens scheduled for "

@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.batching_sim import (continuous_batch_step, pareto_workload, percentile,
+from reference.batching_sim import (continuous_batch_step, pareto_workload, percentile, run_schedule,
                                     schedule_chunked, simulate_continuous, simulate_static)
 
 
@@ -217,6 +217,11 @@ def test_bad_input_is_a_clear_value_error():
                           ("unique id", lambda: simulate_static([request("a", 1), request("a", 2)], 2)),
                           ("arrival", lambda: pareto_workload(3, 0, arrival="burst")),
                           ("max_batch", lambda: continuous_batch_step([], [], 0)),
-                          ("token_budget", lambda: schedule_chunked([], [], 0, 4))]:
+                          ("token_budget", lambda: schedule_chunked([], [], 0, 4)),
+                          ("neither running nor waiting", lambda: run_schedule(work, 1, lambda r, w: {"zz": 1})),
+                          ("more than 1 slots", lambda: run_schedule([request("a", 1), request("b", 1)], 1,
+                                                                     lambda r, w: {x["id"]: 8 for x in w})),
+                          ("whole number >= 1", lambda: run_schedule(work, 1, lambda r, w: {"a": 0})),
+                          ("prompt tokens left", lambda: run_schedule(work, 1, lambda r, w: {"a": 51}))]:
         with pytest.raises(ValueError, match=message):
             call()
