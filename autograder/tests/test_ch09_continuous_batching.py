@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 
 import pytest
+import torch
 
 from autograder.inputs import generator, randint
 from autograder.plugin import exercise
@@ -20,6 +21,7 @@ PREFILL_SAMPLES = ("the step that admits a request runs its prefill, and the pre
                    "first token: admitted requests leave the step with generated = 1")
 DECODES_FIRST = ("decodes first: every running request that has finished its prompt gets its 1 "
                  "token before any prefill chunk, or one long prompt starves every decode")
+MAX_SEQS = "admit a waiting request only while fewer than max_num_seqs requests would be running"
 WITHIN_BUDGET = ("never schedule more than token_budget tokens in total: the last prefill gets "
                  "only the budget left (that is the chunk)")
 
@@ -171,7 +173,7 @@ def _stat_slips(run, other, policy, max_batch):
         "percentiles interpolate linearly between ranks (numpy.percentile's default), not nearest rank":
             _stats_from(requests, steps, held, max_batch, percentile=nearest_rank),
         "steps in which nothing runs (before the next arrival) still count":
-            _stats_from(requests, sum(any(row) for row in run.grid), held, max_batch),
+            _stats_from(requests, sum(any(rid is not None for rid in row) for row in run.grid), held, max_batch),
     }
     if policy == "static":
         idle_held = sum(len(ends) * (max(ends) + 1 - start) for start, ends in batches.items())
@@ -200,9 +202,11 @@ def test_stats_match_the_reference_on_a_pareto_workload(learner, seed, policy, a
            f"max_batch={max_batch}, policy={policy!r})"
     got = learner.call("simulate_batching", workload, max_batch, policy)
     if not isinstance(got, dict) or any(k not in got for k in STAT_KEYS):
-        raise AssertionError(f"{call} returned {type(got).__name__}"
-                             f"{' without ' + str([k for k in STAT_KEYS if k not in got]) if isinstance(got, dict) else ''}; "
+        missing = f" without {[k for k in STAT_KEYS if k not in got]}" if isinstance(got, dict) else ""
+        raise AssertionError(f"{call} returned {type(got).__name__}{missing}; "
                              f"expected a dict with the keys {list(STAT_KEYS)}")
+
+    got = {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in got.items()}
 
     def same(a, b):
         return isinstance(a, (int, float)) and not isinstance(a, bool) and \
@@ -248,8 +252,7 @@ def _chunk_slips(running, waiting, budget, max_num_seqs):
     admissible = waiting[:max(0, max_num_seqs - len(running))]
     return {DECODES_FIRST: fill(prefilling + admissible, budget, decode_first=False),
             WITHIN_BUDGET: fill(prefilling + admissible, budget, whole=True),
-            "admit a waiting request only while fewer than max_num_seqs requests would be running":
-                fill(prefilling + waiting, budget),
+            MAX_SEQS: fill(prefilling + waiting, budget),
             "first come, first served: the running request part-way through its prompt continues "
             "before any waiting request is admitted": fill(admissible + prefilling, budget),
             "a running request with prompt tokens left is still prefilling: it gets a chunk, not "
@@ -272,8 +275,10 @@ def _check_counts(got, expected, slips, budget, call):
 @exercise("schedule_chunked", points=6)
 def test_decodes_first_then_chunks_within_the_budget(learner, seed):
     gen = generator(seed)
-    for _ in range(6):
+    for case in range(6):
         running, waiting, budget, max_num_seqs = _chunk_state(gen)
+        if case == 0:                                   # a budget that covers every prompt
+            budget = sum(r["prompt_len"] - r["prefilled"] for r in running + waiting) + len(running)
         got = learner.call("schedule_chunked", running, waiting, budget, max_num_seqs)
         _check_counts(got, sim.schedule_chunked(running, waiting, budget, max_num_seqs),
                       _chunk_slips(running, waiting, budget, max_num_seqs), budget,
@@ -320,7 +325,8 @@ def test_a_whole_run_with_your_scheduler(learner, seed):
     try:
         run = sim.run_schedule(workload, max_batch, learner_schedule)
     except ValueError as exc:
-        raise AssertionError(f"driving a run with your scheduler failed: {exc}") from None
+        hint = f"\nHint: {MAX_SEQS}" if "slots" in str(exc) else ""
+        raise AssertionError(f"driving a run with your scheduler failed: {exc}{hint}") from None
     differ = [k for k in ("steps", "ttft_mean", "ttft_p99", "tpot_mean", "tpot_p99")
               if not math.isclose(run.stats[k], expected.stats[k], rel_tol=1e-9)]
     if differ:
