@@ -19,6 +19,9 @@ and p99 of TTFT and TPOT (percentiles interpolate linearly between ranks, as num
 Requests are plain dicts so that the exercise notebooks use the same data: a workload entry is
 `{"id", "arrival", "prompt_len", "output_len"}`; the step functions add `generated` (output tokens
 so far) and `prefilled` (prompt tokens processed so far).
+
+`reference.engine` schedules by the same rules; without preemption or prefix-cache hits it
+samples every token in the step this simulator predicts (tests/test_batching_sim_engine.py).
 """
 from __future__ import annotations
 
@@ -164,7 +167,6 @@ class SimResult:
 def simulate_static(workload: list[dict], max_batch: int) -> SimResult:
     """Static batching: admit up to `max_batch` arrived requests, run them until the LAST one
     finishes (finished slots stay idle), then admit the next batch. No token budget."""
-    _check_positive(max_batch=max_batch)
     return run_schedule(workload, max_batch, lambda run, wait: schedule_static(run, wait, max_batch))
 
 
