@@ -151,10 +151,12 @@ def _stat_slips(run, other, policy, max_batch):
     """advice -> the stats that slip gives (``run``: the reference run, ``other``: the other policy's)."""
     requests, steps = run.requests, run.stats["steps"]
     held = sum(rid is not None for row in run.grid for rid in row)
+
     def nearest_rank(values, q):
         ordered = sorted(values)
         return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
-    batches = {}
+
+    batches = {}   # static: admission step -> last token steps of the batch admitted then
     for r in requests:
         batches.setdefault(r["admitted"], []).append(r["last_token_step"])
     slips = {
@@ -176,10 +178,10 @@ def _stat_slips(run, other, policy, max_batch):
             _stats_from(requests, sum(any(rid is not None for rid in row) for row in run.grid), held, max_batch),
     }
     if policy == "static":
-        idle_held = sum(len(ends) * (max(ends) + 1 - start) for start, ends in batches.items())
+        batch_held = sum(len(ends) * (max(ends) + 1 - start) for start, ends in batches.items())
         slips["a finished request no longer uses its slot: count the slot-steps of requests still "
               "generating (the empty slots of a static batch are what utilisation measures)"] = \
-            _stats_from(requests, steps, idle_held, max_batch)
+            _stats_from(requests, steps, batch_held, max_batch)
         slips["static batching admits a new batch only when EVERY request of the current batch has "
               "finished; refilling freed slots at once is continuous batching"] = other.stats
     else:
@@ -205,7 +207,6 @@ def test_stats_match_the_reference_on_a_pareto_workload(learner, seed, policy, a
         missing = f" without {[k for k in STAT_KEYS if k not in got]}" if isinstance(got, dict) else ""
         raise AssertionError(f"{call} returned {type(got).__name__}{missing}; "
                              f"expected a dict with the keys {list(STAT_KEYS)}")
-
     got = {k: v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v for k, v in got.items()}
 
     def same(a, b):
