@@ -100,21 +100,24 @@ def simulate_batching(workload, max_batch, policy):
     return stats
 
 
-# %% grade_id: simulate_batching | cheat: reads the reference simulators by path and runs them
+# %% grade_id: simulate_batching | cheat: loads the reference simulators from their file and runs them
 # expect: simulate_batching
+import importlib.util
 import pathlib
+import sys
 
 # where the course lives: the grader says so in the environment and on sys.path
 for _folder in (*map(pathlib.Path, filter(None, [__import__("os").environ.get("AUTOGRADER_ROOT")])),
-                *map(pathlib.Path, __import__("sys").path), pathlib.Path.cwd(), *pathlib.Path.cwd().parents):
+                *map(pathlib.Path, sys.path), pathlib.Path.cwd(), *pathlib.Path.cwd().parents):
     _file = _folder / "reference" / "batching_sim.py"
     if _file.exists():
-        _namespace = {"__name__": "stolen"}
-        exec(compile(_file.read_text(), str(_file), "exec"), _namespace)
+        _spec = importlib.util.spec_from_file_location("stolen_batching_sim", _file)
+        _stolen = sys.modules["stolen_batching_sim"] = importlib.util.module_from_spec(_spec)
+        _spec.loader.exec_module(_stolen)
 
         def simulate_batching(workload, max_batch, policy):
-            run = (_namespace["simulate_static"](workload, max_batch) if policy == "static"
-                   else _namespace["simulate_continuous"](workload, max_batch))
+            run = (_stolen.simulate_static(workload, max_batch) if policy == "static"
+                   else _stolen.simulate_continuous(workload, max_batch))
             return run.stats
         break
 
