@@ -1,0 +1,215 @@
+"""The OpenAI-shaped server (reference/engine/server.py), driven by the official `openai` client.
+
+A module-wide server runs the engine on the tiny model in a background thread (uvicorn on
+127.0.0.1, a free port). Texts are compared with single-sequence greedy decoding
+(reference.decoding.generate) on the same model.
+"""
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+import uvicorn
+
+from reference.decoding import generate
+from reference.engine import LLM
+from reference.engine.server import build_app, chat_prompt
+from reference.model import load_model
+
+MODEL = "tiny"
+
+
+class BackgroundServer:
+    """uvicorn serving `app` from a thread, on a socket bound before it starts."""
+
+    def __init__(self, app):
+        self.socket = socket.socket()
+        self.socket.bind(("127.0.0.1", 0))
+        self.url = "http://127.0.0.1:%d" % self.socket.getsockname()[1]
+        self.server = uvicorn.Server(uvicorn.Config(app, log_level="warning"))
+        self.thread = threading.Thread(target=self.server.run, kwargs={"sockets": [self.socket]})
+
+    def __enter__(self):
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            assert self.thread.is_alive() and time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.05)
+        return self
+
+    def __exit__(self, *exc):
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        assert not self.thread.is_alive(), "the server did not shut down"
+
+
+@pytest.fixture(scope="module")
+def llm():
+    return LLM(model=MODEL, max_num_seqs=16)
+
+
+@pytest.fixture(scope="module")
+def server(llm):
+    with BackgroundServer(build_app(llm, MODEL)) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+@pytest.fixture(scope="module")
+def reference_model():
+    return load_model(MODEL)
+
+
+def greedy_text(reference_model, prompt_ids, n):
+    model, tok = reference_model
+    return tok.decode(generate(model, prompt_ids, n, stop_ids=tok.stop_ids))
+
+
+def test_models_list_names_the_served_model(client):
+    assert [m.id for m in client.models.list().data] == [MODEL]
+
+
+def test_greedy_completion_equals_single_sequence_decoding(client, reference_model):
+    tok = reference_model[1]
+    prompt = "The key-value cache"
+    expected = greedy_text(reference_model, tok.encode(prompt), 12)
+    reply = client.completions.create(model=MODEL, prompt=prompt, max_tokens=12, temperature=0)
+    assert reply.choices[0].text == expected
+    assert reply.choices[0].finish_reason == "length"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens,
+            reply.usage.total_tokens) == (len(tok.encode(prompt)), 12, len(tok.encode(prompt)) + 12)
+    by_ids = client.completions.create(model=MODEL, prompt=tok.encode(prompt), max_tokens=12,
+                                       temperature=0)
+    assert by_ids.choices[0].text == expected
+
+
+def test_streamed_deltas_add_up_to_the_plain_text(client):
+    kwargs = dict(model=MODEL, prompt="Paged attention", max_tokens=20, temperature=0)
+    whole = client.completions.create(**kwargs)
+    chunks = list(client.completions.create(**kwargs, stream=True,
+                                            stream_options={"include_usage": True}))
+    text_chunks = [c for c in chunks if c.choices]
+    assert len(text_chunks) > 1, "the text came in one piece: nothing was streamed"
+    assert "".join(c.choices[0].text for c in text_chunks) == whole.choices[0].text
+    assert text_chunks[-1].choices[0].finish_reason == "length"
+    assert chunks[-1].usage.completion_tokens == 20
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_chat_completion_plain_and_streamed(client, reference_model):
+    messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
+    ids = chat_prompt(reference_model[1], messages)
+    reply = client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10,
+                                           temperature=0)
+    assert reply.choices[0].message.role == "assistant"
+    assert reply.choices[0].message.content == greedy_text(reference_model, ids, 10)
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), 10)
+    assert reply.usage.total_tokens == len(ids) + 10
+    chunks = list(client.chat.completions.create(model=MODEL, messages=messages, max_tokens=10,
+                                                 temperature=0, stream=True))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reply.choices[0].message.content
+    assert chunks[-1].choices[0].finish_reason == "length"
+
+
+def test_concurrent_requests_join_one_batch(client, llm, reference_model):
+    tok = reference_model[1]
+    prompts = [f"Request number {i} asks" for i in range(8)]
+    n = 24
+    replies, start = [None] * len(prompts), threading.Barrier(len(prompts))
+
+    def ask(i):
+        start.wait()
+        replies[i] = client.completions.create(model=MODEL, prompt=prompts[i], max_tokens=n,
+                                               temperature=0)
+
+    steps_before = llm.engine.stats["steps"]
+    threads = [threading.Thread(target=ask, args=(i,)) for i in range(len(prompts))]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    steps = llm.engine.stats["steps"] - steps_before
+    assert all(r is not None for r in replies), "a concurrent request did not complete"
+    for prompt, reply in zip(prompts, replies):
+        assert reply.choices[0].text == greedy_text(reference_model, tok.encode(prompt), n)
+    total = sum(r.usage.completion_tokens for r in replies)
+    assert total == n * len(prompts)
+    assert steps < total / 2, (f"{steps} engine steps for {total} tokens: the requests ran one "
+                               f"after another instead of sharing steps")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(prompt="x" * 600, max_tokens=4), "exceeds the context window"),
+    (dict(prompt="hi", max_tokens=0), "max_tokens must be >= 1"),
+    (dict(prompt="hi", max_tokens="many"), "max_tokens: Input should be a valid integer"),
+    (dict(prompt="hi", n=2), "n=2 is not supported"),
+    (dict(prompt="hi", temperature=-1), "temperature"),
+    (dict(prompt="hi", model="gpt-4"), "the model 'gpt-4' does not exist"),
+])
+def test_bad_request_is_400_while_a_good_request_completes(client, kwargs, message):
+    good: dict = {}
+    worker = threading.Thread(target=lambda: good.update(reply=client.completions.create(
+        model=MODEL, prompt="A good request", max_tokens=40, temperature=0)))
+    worker.start()
+    with pytest.raises(openai.BadRequestError) as caught:
+        client.completions.create(**{"model": MODEL, **kwargs})
+    worker.join(timeout=60)
+    assert caught.value.status_code == 400
+    assert message in caught.value.body["message"], caught.value.body
+    assert good["reply"].usage.completion_tokens == 40
+
+
+def test_unknown_route_is_404_in_the_openai_shape(server):
+    response = httpx.get(server.url + "/v1/engines")
+    assert response.status_code == 404
+    assert response.json()["error"]["message"] == "no route GET /v1/engines"
+
+
+def test_a_client_that_disconnects_has_its_request_aborted(server, llm):
+    steps_before = llm.engine.stats["steps"]
+    body = {"model": MODEL, "prompt": "Never read to the end", "max_tokens": 400, "stream": True}
+    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+        next(response.iter_lines())  # the first chunk: the request is decoding
+    deadline = time.monotonic() + 10
+    while llm.engine.has_unfinished() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not llm.engine.has_unfinished(), "the request kept decoding after its client left"
+    assert llm.engine.stats["steps"] - steps_before < 400
+
+
+def test_command_line_serves_and_shuts_down_cleanly():
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = subprocess.Popen([sys.executable, "-m", "reference", "serve", "--model", MODEL,
+                                "--port", str(port), "--threads", "1"],
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused",
+                               max_retries=0, timeout=30)
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                models = client.models.list()
+                break
+            except openai.APIConnectionError:
+                assert process.poll() is None and time.monotonic() < deadline, "no server came up"
+                time.sleep(0.2)
+        assert [m.id for m in models.data] == [MODEL]
+        reply = client.completions.create(model=MODEL, prompt="hi", max_tokens=3, temperature=0)
+        assert reply.usage.completion_tokens == 3
+    finally:
+        process.send_signal(signal.SIGINT)
+        log = process.communicate(timeout=30)[0]
+    assert process.returncode == 0, log
+    assert "Application shutdown complete" in log and "Traceback" not in log
