@@ -105,6 +105,22 @@ def test_streamed_deltas_add_up_to_the_plain_text(client):
     assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
 
 
+def test_stop_string_cuts_the_text_plain_and_streamed(client, reference_model):
+    tok = reference_model[1]
+    prompt = "Stop strings"
+    full = greedy_text(reference_model, tok.encode(prompt), 30)
+    stop = next(full[i:i + 2] for i in range(4, len(full) - 1)
+                if full[i:i + 2].isascii() and full[i:i + 2].isprintable())
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=30, temperature=0, stop=[stop])
+    reply = client.completions.create(**kwargs)
+    assert reply.choices[0].text == full[:full.index(stop)]
+    assert reply.choices[0].finish_reason == "stop"
+    chunks = list(client.completions.create(**kwargs, stream=True))
+    assert "".join(c.choices[0].text for c in chunks) == reply.choices[0].text, (
+        "the stream showed part of the stop string before the engine cut it")
+    assert chunks[-1].choices[0].finish_reason == "stop"
+
+
 def test_chat_completion_plain_and_streamed(client, reference_model):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
     ids = chat_prompt(reference_model[1], messages)

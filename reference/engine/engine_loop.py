@@ -24,7 +24,7 @@ class Progress:
     token_ids: list[int]
     finished: bool
     finish_reason: str | None
-    text: str           # the engine's final text; used once finished
+    text: str           # decoded token_ids; once finished, cut at a stop string
     error: str | None
 
 

@@ -14,23 +14,20 @@ from reference.engine.engine_loop import Progress
 
 
 class IncrementalText:
-    """Stream text from a growing token list: decode it all, emit the new suffix.
-
-    Held back until they can no longer change: an incomplete UTF-8 character at the end (decoded
-    as U+FFFD) and the last len(longest stop string) - 1 characters, which could begin a stop
-    string the engine will cut. The finished request's text is the engine's own.
+    """Stream a request's text as deltas. The engine decodes the whole token list at every step
+    (RequestOutput.text); this emits the new suffix, holding back what can still change: an
+    incomplete UTF-8 character at the end (decoded as U+FFFD) and the last
+    len(longest stop string) - 1 characters, which may begin a stop string the engine will cut.
     """
 
-    def __init__(self, tokenizer, stop: list[str]):
-        self.tokenizer = tokenizer
+    def __init__(self, stop: list[str]):
         self.hold = max((len(s) for s in stop), default=1) - 1
         self.sent = ""
 
     def delta(self, progress: Progress) -> str:
-        if progress.finished:
-            text = progress.text
-        else:
-            text = self.tokenizer.decode(progress.token_ids).rstrip("\ufffd")
+        text = progress.text
+        if not progress.finished:
+            text = text.rstrip("\ufffd")
             text = text[:max(len(text) - self.hold, 0)]
         if len(text) <= len(self.sent) or not text.startswith(self.sent):
             return ""

@@ -105,7 +105,7 @@ def build_app(llm, model_name: str) -> FastAPI:
         request_id, updates, progress = await start(prompt, params, request,
                                                     "chatcmpl" if chat else "cmpl")
         shape = ChatShape() if chat else CompletionShape()
-        text = IncrementalText(llm.tokenizer, [body.stop] if isinstance(body.stop, str)
+        text = IncrementalText([body.stop] if isinstance(body.stop, str)
                                else body.stop or [])
         head = {"id": request_id, "created": int(time.time()), "model": model_name}
         if not body.stream:
