@@ -48,9 +48,12 @@ class BackgroundServer:
         assert not self.thread.is_alive(), "the server did not shut down"
 
 
+BLOCK_SIZE, NUM_BLOCKS = 16, 28   # a K/V pool of 448 tokens, below the 512-token context
+
+
 @pytest.fixture(scope="module")
 def llm():
-    return LLM(model=MODEL, max_num_seqs=16)
+    return LLM(model=MODEL, max_num_seqs=16, block_size=BLOCK_SIZE, num_blocks=NUM_BLOCKS)
 
 
 @pytest.fixture(scope="module")
@@ -165,11 +168,14 @@ def test_concurrent_requests_join_one_batch(client, llm, reference_model):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(prompt="x" * 600, max_tokens=4), "exceeds the context window"),
-    (dict(prompt="hi", max_tokens=0), "max_tokens must be >= 1"),
+    (dict(prompt="x" * 600, max_tokens=4), "prompt has 600 tokens; the context window is 512"),
+    (dict(prompt="x" * 450, max_tokens=4), "prompt has 450 tokens; the whole K/V pool holds 448"),
+    (dict(prompt="hi", max_tokens=0), "max_tokens must be >= 1, got 0"),
     (dict(prompt="hi", max_tokens="many"), "max_tokens: Input should be a valid integer"),
+    (dict(prompt=[104, 1.5]), "prompt: should be str or list[int], got [104, 1.5]"),
+    (dict(prompt=[104, 300]), "token id 300 is outside the vocabulary (size 256)"),
     (dict(prompt="hi", n=2), "n=2 is not supported"),
-    (dict(prompt="hi", temperature=-1), "temperature"),
+    (dict(prompt="hi", temperature=-1), "temperature must be a finite number >= 0"),
     (dict(prompt="hi", model="gpt-4"), "the model 'gpt-4' does not exist"),
 ])
 def test_bad_request_is_400_while_a_good_request_completes(client, kwargs, message):
@@ -185,10 +191,20 @@ def test_bad_request_is_400_while_a_good_request_completes(client, kwargs, messa
     assert good["reply"].usage.completion_tokens == 40
 
 
-def test_unknown_route_is_404_in_the_openai_shape(server):
-    response = httpx.get(server.url + "/v1/engines")
-    assert response.status_code == 404
-    assert response.json()["error"]["message"] == "no route GET /v1/engines"
+@pytest.mark.parametrize("method, route, body, status, message", [
+    ("GET", "/v1/engines", None, 404, "no route GET /v1/engines"),
+    ("DELETE", "/v1/completions", None, 405, "DELETE is not allowed on /v1/completions"),
+    ("POST", "/v1/completions", '{"model": "tiny", prompt', 400, "the body is not valid JSON"),
+    ("POST", "/v1/chat/completions", '{"model": "tiny", "messages": [{"role": "bot"}]}', 400,
+     "messages.0.role: Input should be 'system', 'user' or 'assistant'"),
+])
+def test_http_errors_in_the_openai_shape(server, method, route, body, status, message):
+    response = httpx.request(method, server.url + route, content=body,
+                             headers={"Content-Type": "application/json"})
+    assert response.status_code == status
+    error = response.json()["error"]
+    assert message in error["message"], error
+    assert set(error) == {"message", "type", "param", "code"}
 
 
 def test_a_client_that_disconnects_has_its_request_aborted(server, llm):
@@ -229,3 +245,21 @@ def test_command_line_serves_and_shuts_down_cleanly():
         log = process.communicate(timeout=30)[0]
     assert process.returncode == 0, log
     assert "Application shutdown complete" in log and "Traceback" not in log
+
+
+def test_real_model_chat_uses_its_template_and_stops_at_the_end_of_its_turn():
+    llm = LLM(model="smollm2-135m", max_num_seqs=4)
+    question = "What is the capital of France?"
+    ids = llm.tokenizer.chat_ids(question)    # the GGUF's ChatML template, one user turn
+    with BackgroundServer(build_app(llm, "smollm2-135m")) as running:
+        client = openai.OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0,
+                               timeout=60)
+        kwargs = dict(model="smollm2-135m", messages=[{"role": "user", "content": question}],
+                      max_tokens=32, temperature=0)
+        reply = client.chat.completions.create(**kwargs)
+        chunks = list(client.chat.completions.create(**kwargs, stream=True))
+    expected = generate(llm.engine.model, ids, 32, stop_ids=llm.tokenizer.stop_ids)
+    assert reply.choices[0].message.content == llm.tokenizer.decode(expected)
+    assert reply.choices[0].finish_reason == "stop", "the reply ran past <|im_end|>"
+    assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), len(expected))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == reply.choices[0].message.content

@@ -26,6 +26,7 @@ class Progress:
     finish_reason: str | None
     text: str           # decoded token_ids; once finished, cut at a stop string
     error: str | None
+    server_fault: bool = False   # the engine failed (not the request): an HTTP 500
 
 
 class EngineLoop:
@@ -106,7 +107,7 @@ class EngineLoop:
     def _fail_all(self, message: str) -> None:
         for request_id, listener in list(self.listeners.items()):
             self.engine.abort(request_id)
-            self._send(listener, Progress(0, [], True, "error", "", message))
+            self._send(listener, Progress(0, [], True, "error", "", message, server_fault=True))
         self.listeners.clear()
 
     @staticmethod

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from typing import Literal
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ConfigDict
 
 from reference.engine.engine_loop import Progress
 
@@ -48,11 +48,16 @@ class APIError(Exception):
                           "code": self.code}}
 
 
-class StreamOptions(BaseModel):
+class Strict(BaseModel):
+    """No silent conversions: "16" or true is not an int (an int is still a float)."""
+    model_config = ConfigDict(strict=True)
+
+
+class StreamOptions(Strict):
     include_usage: bool = False
 
 
-class SamplingFields(BaseModel):
+class SamplingFields(Strict):
     """Fields shared by both endpoints (top_k is an extension: pass it in extra_body)."""
     model: str
     temperature: float = 1.0
@@ -70,12 +75,12 @@ class CompletionRequest(SamplingFields):
     max_tokens: int = 16
 
 
-class TextPart(BaseModel):
+class TextPart(Strict):
     type: Literal["text"]
     text: str
 
 
-class ChatMessage(BaseModel):
+class ChatMessage(Strict):
     role: Literal["system", "user", "assistant"]
     content: str | list[TextPart]
 
@@ -90,6 +95,39 @@ class ChatRequest(SamplingFields):
     messages: list[ChatMessage]
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
+
+
+FIELD_NAMES = {name for model in (CompletionRequest, ChatRequest, ChatMessage, TextPart,
+                                   StreamOptions) for name in model.model_fields}
+
+
+def validation_message(errors: list[dict]) -> tuple[str, str | None]:
+    """(one-line message, field path) for pydantic's errors about a request body.
+
+    A value that fits none of a field's types gives one error per type, each with the type's name
+    in its location (where a field name or a list index would be): those become
+    "prompt: should be str or list[int], got 12".
+    """
+    def path(error):
+        return [str(part) for part in error["loc"] if part != "body"]
+
+    def is_type_name(part):
+        return not part.isdigit() and part not in FIELD_NAMES
+
+    if errors[0]["type"] == "json_invalid":
+        return (f"the body is not valid JSON: {errors[0]['ctx']['error']} "
+                f"(at character {errors[0]['loc'][-1]})"), None
+    first = path(errors[0])
+    if not first:
+        return "the body must be a JSON object", None
+    for depth in range(len(first)):
+        alike = [path(e) for e in errors if path(e)[:depth] == first[:depth]]
+        kinds = list(dict.fromkeys(p[depth] for p in alike if len(p) > depth))
+        if len(kinds) > 1 and all(map(is_type_name, kinds)):
+            field = ".".join(first[:depth])
+            return f"{field}: should be {' or '.join(kinds)}, got {errors[0]['input']!r}", field
+    field = ".".join(first)
+    return f"{field}: {errors[0]['msg']}", field
 
 
 def chat_prompt(tokenizer, turns: list[dict]) -> list[int]:

@@ -23,27 +23,25 @@ from starlette.exceptions import HTTPException
 from reference.engine.engine_loop import EngineLoop, Progress
 from reference.engine.openai_api import (APIError, ChatRequest, ChatShape, CompletionRequest,
                                          CompletionShape, IncrementalText, SamplingFields,
-                                         chat_prompt, sse, usage)
+                                         chat_prompt, sse, usage, validation_message)
+from reference.engine.params import SamplingParams
 
-DEFAULT_CHAT_MAX_TOKENS = 256  # a chat request without max_tokens (completions default to 16)
 DISCONNECT_POLL_S = 0.5        # how often a non-streamed request checks that its client is there
 
 
 def build_app(llm, model_name: str) -> FastAPI:
     """The FastAPI app serving `llm` (a reference.engine.LLM) under the name `model_name`."""
-    from reference.engine import SamplingParams
-
-    loop = EngineLoop(llm.engine)
+    engine_loop = EngineLoop(llm.engine)
     created = int(time.time())
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):
-        loop.start()
+        engine_loop.start()
         yield
-        loop.stop()
+        engine_loop.stop()
 
     app = FastAPI(title="reference engine", lifespan=lifespan)
-    app.state.engine_loop = loop
+    app.state.engine_loop = engine_loop
 
     @app.exception_handler(APIError)
     async def api_error(request: Request, err: APIError):
@@ -51,14 +49,14 @@ def build_app(llm, model_name: str) -> FastAPI:
 
     @app.exception_handler(RequestValidationError)
     async def invalid_body(request: Request, err: RequestValidationError):
-        first = err.errors()[0]
-        where = ".".join(str(p) for p in first["loc"] if p != "body") or "body"
-        return await api_error(request, APIError(f"{where}: {first['msg']}", param=where))
+        message, field = validation_message(err.errors())
+        return await api_error(request, APIError(message, param=field))
 
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException):
-        message = (f"no route {request.method} {request.url.path}" if err.status_code == 404
-                   else str(err.detail))
+        message = {404: f"no route {request.method} {request.url.path}",
+                   405: f"{request.method} is not allowed on {request.url.path}"}.get(
+                       err.status_code, str(err.detail))
         return JSONResponse(APIError(message, err.status_code).body(), status_code=err.status_code)
 
     def sampling(body: SamplingFields, max_tokens: int):
@@ -68,8 +66,6 @@ def build_app(llm, model_name: str) -> FastAPI:
         if body.n != 1:
             raise APIError(f"n={body.n} is not supported: one completion per request (n=1)",
                            param="n")
-        if max_tokens < 1:
-            raise APIError(f"max_tokens must be >= 1, got {max_tokens}", param="max_tokens")
         try:
             return SamplingParams(temperature=body.temperature, top_p=body.top_p,
                                   top_k=body.top_k, max_tokens=max_tokens, seed=body.seed,
@@ -81,16 +77,16 @@ def build_app(llm, model_name: str) -> FastAPI:
         """Submit and wait for the first progress (so a rejected request still gets a 4xx)."""
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         try:
-            updates = await loop.submit(prompt, params, request_id)
+            updates = await engine_loop.submit(prompt, params, request_id)
         except (ValueError, TypeError) as err:
             raise APIError(str(err)) from None
         try:
             first = await next_progress(updates, request)
         except BaseException:
-            loop.abort(request_id)
+            engine_loop.abort(request_id)
             raise
         if first.finish_reason == "error":
-            raise APIError(first.error or "the request failed")
+            raise failure(first)
         return request_id, updates, first
 
     async def next_progress(updates: asyncio.Queue, request: Request) -> Progress:
@@ -114,9 +110,9 @@ def build_app(llm, model_name: str) -> FastAPI:
                     progress = await next_progress(updates, request)
             finally:
                 if not progress.finished:
-                    loop.abort(request_id)
+                    engine_loop.abort(request_id)
             if progress.finish_reason == "error":
-                raise APIError(progress.error or "the request failed", 500, kind="server_error")
+                raise failure(progress)
             return {**head, "object": shape.whole, "usage": usage(progress),
                     "choices": [shape.choice(text.delta(progress), progress.finish_reason)]}
         include_usage = body.stream_options is not None and body.stream_options.include_usage
@@ -131,8 +127,7 @@ def build_app(llm, model_name: str) -> FastAPI:
                     shape.first_delta, None)]})
             while True:
                 if progress.finish_reason == "error":
-                    yield sse(APIError(progress.error or "the request failed", 500,
-                                       kind="server_error").body())
+                    yield sse(failure(progress).body())
                     return
                 piece = text.delta(progress)
                 if piece or progress.finished:
@@ -147,7 +142,7 @@ def build_app(llm, model_name: str) -> FastAPI:
             yield "data: [DONE]\n\n"
         finally:
             if not progress.finished:   # the client went away: stop spending steps on it
-                loop.abort(request_id)
+                engine_loop.abort(request_id)
 
     @app.get("/v1/models")
     async def models():
@@ -160,12 +155,22 @@ def build_app(llm, model_name: str) -> FastAPI:
 
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest, request: Request):
-        max_tokens = body.max_completion_tokens or body.max_tokens or DEFAULT_CHAT_MAX_TOKENS
-        params = sampling(body, max_tokens)
-        return await respond(body, chat_prompt(llm.tokenizer, [m.turn() for m in body.messages]), params, request,
-                             True)
+        prompt = chat_prompt(llm.tokenizer, [m.turn() for m in body.messages])
+        max_tokens = next((n for n in (body.max_completion_tokens, body.max_tokens)
+                           if n is not None), None)
+        if max_tokens is None:   # as vLLM: the rest of the context window
+            max_tokens = max(llm.engine.config.max_seq_len - len(prompt), 1)
+        return await respond(body, prompt, sampling(body, max_tokens), request, True)
 
     return app
+
+
+def failure(progress: Progress) -> APIError:
+    """The error of a request that ended with finish_reason "error": its own fault (400) or the
+    engine's (500)."""
+    if progress.server_fault:
+        return APIError(progress.error or "the engine failed", 500, kind="server_error")
+    return APIError(progress.error or "the request was rejected")
 
 
 def serve(args) -> None:
