@@ -4,6 +4,7 @@ A module-wide server runs the engine on the tiny model in a background thread (u
 127.0.0.1, a free port). Texts are compared with single-sequence greedy decoding
 (reference.decoding.generate) on the same model.
 """
+import json
 import signal
 import socket
 import subprocess
@@ -207,11 +208,33 @@ def test_http_errors_in_the_openai_shape(server, method, route, body, status, me
     assert set(error) == {"message", "type", "param", "code"}
 
 
-def test_a_client_that_disconnects_has_its_request_aborted(server, llm):
+def test_a_short_request_does_not_wait_for_a_long_one(client):
+    kwargs = dict(model=MODEL, temperature=0, stream=True)
+    long = client.completions.create(prompt="A long request", max_tokens=400, **kwargs)
+    next(iter(long))                      # the long request is decoding
+    short = list(client.completions.create(prompt="A short one", max_tokens=4, **kwargs))
+    assert short[-1].choices[0].finish_reason == "length"
+    rest = list(long)
+    assert rest[-1].choices[0].finish_reason == "length" and len(rest) > 100, (
+        "the long request finished before the short one was served")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_a_client_that_disconnects_has_its_request_aborted(server, llm, stream):
     steps_before = llm.engine.stats["steps"]
-    body = {"model": MODEL, "prompt": "Never read to the end", "max_tokens": 400, "stream": True}
-    with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
-        next(response.iter_lines())  # the first chunk: the request is decoding
+    body = {"model": MODEL, "prompt": "Never read to the end", "max_tokens": 400, "stream": stream}
+    if stream:
+        with httpx.stream("POST", server.url + "/v1/completions", json=body, timeout=60) as response:
+            next(response.iter_lines())   # the first chunk: the request is decoding
+    else:   # a plain request sent by hand, its connection closed once the engine runs it
+        payload = json.dumps(body).encode()
+        host, port = server.url.removeprefix("http://").split(":")
+        with socket.create_connection((host, int(port))) as connection:
+            connection.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: "
+                               b"application/json\r\nContent-Length: %d\r\n\r\n%s"
+                               % (len(payload), payload))
+            while llm.engine.stats["steps"] == steps_before:
+                time.sleep(0.001)
     deadline = time.monotonic() + 10
     while llm.engine.has_unfinished() and time.monotonic() < deadline:
         time.sleep(0.05)

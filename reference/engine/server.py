@@ -26,7 +26,7 @@ from reference.engine.openai_api import (APIError, ChatRequest, ChatShape, Compl
                                          chat_prompt, sse, usage, validation_message)
 from reference.engine.params import SamplingParams
 
-DISCONNECT_POLL_S = 0.5        # how often a non-streamed request checks that its client is there
+DISCONNECT_POLL_S = 0.2        # how often a non-streamed request checks that its client is there
 
 
 def build_app(llm, model_name: str) -> FastAPI:
@@ -73,15 +73,14 @@ def build_app(llm, model_name: str) -> FastAPI:
         except (ValueError, TypeError) as err:
             raise APIError(str(err)) from None
 
-    async def start(prompt, params, request: Request, prefix: str):
+    async def start(prompt, params, watch: ClientWatch, prefix: str):
         """Submit and wait for the first progress (so a rejected request still gets a 4xx)."""
         request_id = f"{prefix}-{uuid.uuid4().hex}"
         try:
             updates = await engine_loop.submit(prompt, params, request_id)
-        except (ValueError, TypeError) as err:
+            first = await next_progress(updates, watch)
+        except (ValueError, TypeError) as err:   # add_request refused it
             raise APIError(str(err)) from None
-        try:
-            first = await next_progress(updates, request)
         except BaseException:
             engine_loop.abort(request_id)
             raise
@@ -89,16 +88,20 @@ def build_app(llm, model_name: str) -> FastAPI:
             raise failure(first)
         return request_id, updates, first
 
-    async def next_progress(updates: asyncio.Queue, request: Request) -> Progress:
+    async def next_progress(updates: asyncio.Queue, watch: ClientWatch) -> Progress:
         while True:
             try:
-                return await asyncio.wait_for(updates.get(), DISCONNECT_POLL_S)
+                progress = await asyncio.wait_for(updates.get(), DISCONNECT_POLL_S)
             except asyncio.TimeoutError:
-                if await request.is_disconnected():   # nobody reads the answer
-                    raise APIError("the client disconnected", 499, kind="client_closed")
+                progress = None
+            if await watch.gone():   # nobody reads the answer
+                raise APIError("the client disconnected", 499, kind="client_closed")
+            if progress is not None:
+                return progress
 
     async def respond(body, prompt, params, request: Request, chat: bool):
-        request_id, updates, progress = await start(prompt, params, request,
+        watch = ClientWatch(request)
+        request_id, updates, progress = await start(prompt, params, watch,
                                                     "chatcmpl" if chat else "cmpl")
         shape = ChatShape() if chat else CompletionShape()
         text = IncrementalText([body.stop] if isinstance(body.stop, str)
@@ -107,7 +110,7 @@ def build_app(llm, model_name: str) -> FastAPI:
         if not body.stream:
             try:
                 while not progress.finished:
-                    progress = await next_progress(updates, request)
+                    progress = await next_progress(updates, watch)
             finally:
                 if not progress.finished:
                     engine_loop.abort(request_id)
@@ -163,6 +166,20 @@ def build_app(llm, model_name: str) -> FastAPI:
         return await respond(body, prompt, sampling(body, max_tokens), request, True)
 
     return app
+
+
+class ClientWatch:
+    """Asks at most every DISCONNECT_POLL_S whether a request's client has gone away (a streamed
+    response learns it from Starlette, which cancels the stream)."""
+
+    def __init__(self, request: Request):
+        self.request, self.checked = request, time.monotonic()
+
+    async def gone(self) -> bool:
+        if time.monotonic() - self.checked < DISCONNECT_POLL_S:
+            return False
+        self.checked = time.monotonic()
+        return await self.request.is_disconnected()
 
 
 def failure(progress: Progress) -> APIError:
