@@ -19,7 +19,8 @@ import uvicorn
 
 from reference.decoding import generate
 from reference.engine import LLM
-from reference.engine.server import build_app, chat_prompt
+from reference.engine.openai_api import chat_prompt
+from reference.engine.server import build_app
 from reference.model import load_model
 
 MODEL = "tiny"
@@ -242,6 +243,7 @@ def test_a_client_that_disconnects_has_its_request_aborted(server, llm, stream):
     assert llm.engine.stats["steps"] - steps_before < 400
 
 
+@pytest.mark.slow
 def test_command_line_serves_and_shuts_down_cleanly():
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -270,6 +272,7 @@ def test_command_line_serves_and_shuts_down_cleanly():
     assert "Application shutdown complete" in log and "Traceback" not in log
 
 
+@pytest.mark.slow
 def test_real_model_chat_uses_its_template_and_stops_at_the_end_of_its_turn():
     llm = LLM(model="smollm2-135m", max_num_seqs=4)
     question = "What is the capital of France?"

@@ -52,6 +52,11 @@ def build_app(llm, model_name: str) -> FastAPI:
         message, field = validation_message(err.errors())
         return await api_error(request, APIError(message, param=field))
 
+    @app.exception_handler(Exception)
+    async def server_error(request: Request, err: Exception):   # a bug: say so in the same shape
+        return JSONResponse(APIError(f"internal error: {type(err).__name__}: {err}", 500,
+                                     kind="server_error").body(), status_code=500)
+
     @app.exception_handler(HTTPException)
     async def http_error(request: Request, err: HTTPException):
         message = {404: f"no route {request.method} {request.url.path}",
