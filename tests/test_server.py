@@ -273,10 +273,11 @@ def test_command_line_serves_and_shuts_down_cleanly():
 
 
 @pytest.mark.slow
-def test_real_model_chat_uses_its_template_and_stops_at_the_end_of_its_turn():
-    llm = LLM(model="smollm2-135m", max_num_seqs=4)
+def test_real_model_chat_uses_its_template_and_stops_at_the_end_of_its_turn(real_model):
+    model, tok = real_model
+    llm = LLM(model, tokenizer=tok, max_num_seqs=4)
     question = "What is the capital of France?"
-    ids = llm.tokenizer.chat_ids(question)    # the GGUF's ChatML template, one user turn
+    ids = tok.chat_ids(question)    # the GGUF's ChatML template, one user turn
     with BackgroundServer(build_app(llm, "smollm2-135m")) as running:
         client = openai.OpenAI(base_url=running.url + "/v1", api_key="unused", max_retries=0,
                                timeout=60)
@@ -284,8 +285,8 @@ def test_real_model_chat_uses_its_template_and_stops_at_the_end_of_its_turn():
                       max_tokens=32, temperature=0)
         reply = client.chat.completions.create(**kwargs)
         chunks = list(client.chat.completions.create(**kwargs, stream=True))
-    expected = generate(llm.engine.model, ids, 32, stop_ids=llm.tokenizer.stop_ids)
-    assert reply.choices[0].message.content == llm.tokenizer.decode(expected)
+    expected = generate(model, ids, 32, stop_ids=tok.stop_ids)
+    assert reply.choices[0].message.content == tok.decode(expected)
     assert reply.choices[0].finish_reason == "stop", "the reply ran past <|im_end|>"
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), len(expected))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == reply.choices[0].message.content
