@@ -290,3 +290,13 @@ def test_real_model_chat_uses_its_template_and_stops_at_the_end_of_its_turn(real
     assert reply.choices[0].finish_reason == "stop", "the reply ran past <|im_end|>"
     assert (reply.usage.prompt_tokens, reply.usage.completion_tokens) == (len(ids), len(expected))
     assert "".join(c.choices[0].delta.content or "" for c in chunks) == reply.choices[0].message.content
+
+
+def test_command_line_refuses_bad_engine_knobs_in_one_line(capsys):
+    from reference.__main__ import main
+
+    assert main(["serve", "--model", MODEL, "--max-num-seqs", "32",
+                 "--max-num-batched-tokens", "4"]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("error: max_num_batched_tokens (4) must be >= max_num_seqs (32)")
+    assert len(error.strip().splitlines()) == 1
