@@ -126,6 +126,19 @@ def test_stop_string_cuts_the_text_plain_and_streamed(client, reference_model):
     assert chunks[-1].choices[0].finish_reason == "stop"
 
 
+def test_sampling_fields_reach_the_engine(client, reference_model):
+    tok = reference_model[1]
+    prompt = "Sampling"
+    kwargs = dict(model=MODEL, prompt=prompt, max_tokens=16, temperature=1.0)
+
+    def text(**extra):
+        return client.completions.create(**kwargs, **extra).choices[0].text
+
+    assert text(extra_body={"top_k": 1}) == greedy_text(reference_model, tok.encode(prompt), 16)
+    assert text(seed=7) == text(seed=7), "the same seed gave different samples"
+    assert text(seed=7) != text(seed=8)
+
+
 def test_chat_completion_plain_and_streamed(client, reference_model):
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi!"}]
     ids = chat_prompt(reference_model[1], messages)
