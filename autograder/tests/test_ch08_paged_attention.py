@@ -26,9 +26,9 @@ from autograder.errors import LearnerError
 from autograder.feedback import assert_close
 from autograder.inputs import generator, randint
 from autograder.plugin import exercise
+from reference.attention import paged_attention
 from reference.fragmentation import WALKTHROUGH, WALKTHROUGH_BLOCK_SIZE, WALKTHROUGH_SLOTS, \
     ContiguousPool, PagedPool
-from reference.kernels.torch_reference import naive_attention
 from reference.paging import BlockManager, OutOfBlocks
 
 FORBIDDEN = ["torch.nn.functional.scaled_dot_product_attention",
@@ -87,6 +87,11 @@ class CachePair:
         got = self.mine_call(name, *args)
         if name == "append_token":
             self.check_copy(call, got, expected, before)
+            if expected is not None:
+                self.compare(hint="")
+                if self.to_ref.get(got[1]) != expected[1]:
+                    self.fail(f"{call} returned {tuple(got)}, but the sequence's tail is now "
+                              "another block: dst must be the block the sequence moved to")
         if name in ("allocate", "share_prefix"):
             self.seqs.append(args[0] if name == "allocate" else args[1])
         if name == "release":
@@ -134,8 +139,12 @@ class CachePair:
         bs = self.block_size
         for seq in self.seqs:
             n, table = self.ref.num_tokens(seq), self.ref.block_table(seq)
-            positions = range(n) if every_slot else [*range(0, n, bs), n - 1]
-            mine = {p // bs: self.slot(seq, p) // bs for p in positions}
+            mine = {}
+            for p in range(n) if every_slot else [*range(0, n, bs), n - 1]:
+                block = self.slot(seq, p) // bs
+                if mine.setdefault(p // bs, block) != block:
+                    self.fail(f"positions {p // bs * bs} and {p} of {seq!r} share a logical block "
+                              f"but slot() puts them in blocks {mine[p // bs]} and {block}")
             for i, block in mine.items():
                 if not 0 <= block < self.num_blocks:
                     self.fail(f"slot({seq!r}, {i * bs}) lies in block {block}, outside the pool")
@@ -154,6 +163,8 @@ class CachePair:
                 self.fail(f"ref_count({block}) is {got!r}, expected {want} (the number of "
                           f"sequences whose block table holds it). {hint}")
         free = self.learner.getattr(self.mine, "num_free_blocks")
+        if isinstance(free, bool) or not isinstance(free, int):
+            self.fail(f"num_free_blocks is {free!r:.60}; it must be an int (a @property)")
         if free != self.ref.num_free_blocks:
             self.fail(f"num_free_blocks is {free!r}, expected {self.ref.num_free_blocks} "
                       f"({len(to_ref)} blocks held of {self.num_blocks}). {hint}")
@@ -211,11 +222,12 @@ def test_paged_cache_share_prefix_and_copy_on_write(learner, seed):
 def test_paged_cache_refuses_when_blocks_run_out_and_changes_nothing(learner, seed):
     gen = generator(seed + 2)
     bs = randint(gen, 2, 4)
-    pair = CachePair(learner, 4, bs)
+    pair = CachePair(learner, 5, bs)
     pair.do("allocate", "a", 2 * bs)
     pair.do("allocate", "b", bs + 1)
-    pair.do("allocate", "c", bs + randint(gen, 1, bs))     # 3 blocks needed, 0 free
+    pair.do("allocate", "c", bs + randint(gen, 1, bs))     # 2 blocks needed, 1 free
     pair.do("share_prefix", "b", "b2")                       # sharing needs no block
+    pair.do("allocate", "d", randint(gen, 1, bs))           # the last free block
     pair.do("append_token", "a")                             # full tail, no free block
     pair.do("append_token", "b2")                            # shared partial tail, no free block
     pair.do("release", "b")
@@ -380,39 +392,39 @@ def _paged_inputs(gen, batch, n_q_heads, n_kv_heads, head_dim, block_size, share
     return q.float(), k_cache.float(), v_cache.float(), tables, torch.tensor(lens, dtype=torch.int32)
 
 
-def _slots(table, n: int, block_size: int, multiply: bool = True) -> torch.Tensor:
+def _slots(table, n: int, block_size: int) -> torch.Tensor:
     positions = torch.arange(n)
-    blocks = table.long()[positions // block_size]
-    return (blocks * block_size if multiply else blocks) + positions % block_size
+    return table.long()[positions // block_size] * block_size + positions % block_size
 
 
-def _attention(q, k_cache, v_cache, tables, lens, *, multiply=True, group_repeat=False):
-    """float64 decode attention through the block tables -> [B, Hq, D] (or a slip of it)."""
-    block_size, n_kv_heads, head_dim = k_cache.shape[1:]
-    group = q.shape[1] // n_kv_heads
-    flat_k, flat_v = (c.double().reshape(-1, n_kv_heads, head_dim) for c in (k_cache, v_cache))
-    out = []
-    for b, n in enumerate(lens.tolist()):
-        slots = _slots(tables[b], n, block_size, multiply).clamp(0, flat_k.shape[0] - 1)
-        k, v = (f[slots].transpose(0, 1)[None] for f in (flat_k, flat_v))     # [1, Hkv, n, D]
-        if group_repeat:
-            k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
-        out.append(naive_attention(q[b:b + 1].double()[:, :, None], k, v)[0][0, :, 0])
-    return torch.stack(out)
+def _attention(q, k_cache, v_cache, tables, lens) -> torch.Tensor:
+    """reference.attention.paged_attention in float64, one query per sequence -> [B, Hq, D]."""
+    return paged_attention(q.double(), k_cache.double(), v_cache.double(), tables, lens,
+                           [1] * q.shape[0])
+
+
+def _without_block_size(cache: torch.Tensor) -> torch.Tensor:
+    """A pool whose block i holds flat slots i .. i + block_size - 1: reading it through the
+    real tables is the slip slot = block + offset (no `* block_size`)."""
+    num_blocks, block_size = cache.shape[:2]
+    flat = cache.reshape(num_blocks * block_size, -1)
+    return flat.unfold(0, block_size, 1)[:num_blocks].transpose(1, 2).reshape(cache.shape)
 
 
 def _check_paged(got, q, k_cache, v_cache, tables, lens, call: str) -> None:
     expected = _attention(q, k_cache, v_cache, tables, lens)
     block_size = k_cache.shape[1]
     whole_blocks = torch.tensor([int((t >= 0).sum()) * block_size for t in tables])
+    group = q.shape[1] // k_cache.shape[2]
+    by_modulo = [c.repeat(1, 1, group, 1) for c in (k_cache, v_cache)]   # head h reads h % Hkv
     slips = [(_attention(q, k_cache, v_cache, tables, whole_blocks),
               "every slot of the sequence's blocks was read; only positions 0 .. "
               "context_lens[b] - 1 hold its keys: the rest of the last block is garbage or "
               "another sequence's, leave it out (mask it in a kernel)"),
-             (_attention(q, k_cache, v_cache, tables, lens, multiply=False),
+             (_attention(q, *map(_without_block_size, (k_cache, v_cache)), tables, lens),
               "the slot is block_tables[b, p // block_size] * block_size + p % block_size: the "
               "block id counts blocks, not slots, so multiply it by block_size"),
-             (_attention(q, k_cache, v_cache, tables, lens, group_repeat=True),
+             (_attention(q, *by_modulo, tables, lens),
               "query head h reads K/V head h // (Hq // Hkv), not h % Hkv (which is what "
               "repeat() gives; repeat_interleave gives h // group)")]
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.is_floating_point() \
