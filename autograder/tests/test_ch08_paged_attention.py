@@ -87,11 +87,6 @@ class CachePair:
         got = self.mine_call(name, *args)
         if name == "append_token":
             self.check_copy(call, got, expected, before)
-            if expected is not None:
-                self.compare(hint="")
-                if self.to_ref.get(got[1]) != expected[1]:
-                    self.fail(f"{call} returned {tuple(got)}, but the sequence's tail is now "
-                              "another block: dst must be the block the sequence moved to")
         if name in ("allocate", "share_prefix"):
             self.seqs.append(args[0] if name == "allocate" else args[1])
         if name == "release":
@@ -103,6 +98,9 @@ class CachePair:
                            "parent's blocks and each of their refcounts goes up by one",
                            "release": "release gives back only the blocks whose refcount drops to "
                            "0; blocks another sequence still holds stay taken"}[name])
+        if name == "append_token" and expected is not None and self.to_ref.get(got[1]) != expected[1]:
+            self.fail(f"{call} returned {tuple(got)}, but the sequence's tail is now another "
+                      "block: dst must be the block the sequence moved to")
 
     def check_copy(self, call: str, got, expected, before: dict) -> None:
         if expected is None and got is not None:
@@ -159,6 +157,11 @@ class CachePair:
                 owner.setdefault(block, (seq, i))
         for block, ref_block in to_ref.items():
             got, want = self.mine_call("ref_count", block), self.ref.ref_count(ref_block)
+            if got == 0:
+                seq, i = owner[block]
+                self.fail(f"slot({seq!r}, {i * bs}) points into block {block}, yet ref_count({block})"
+                          " is 0: slot must read the sequence's block table, and every block a "
+                          "table holds has a refcount of at least 1")
             if got != want:
                 self.fail(f"ref_count({block}) is {got!r}, expected {want} (the number of "
                           f"sequences whose block table holds it). {hint}")
@@ -193,7 +196,8 @@ def _session(pair: CachePair, gen, steps: int, share: bool) -> None:
             made += 1
         else:
             pair.do("release", pick())
-    pair.compare(hint="", every_slot=True)
+    pair.compare(hint="every block is free, or held by the sequences whose tables name it",
+                 every_slot=True)
     for seq in list(pair.seqs):
         pair.do("release", seq)
     pair.compare(hint="once every sequence is released, every block is free again", every_slot=True)
