@@ -209,3 +209,11 @@ def test_paged_attention_equals_dense_attention(block_size):
                             v.repeat_interleave(H // Hkv, dim=1))
         torch.testing.assert_close(out[row:row + t].double(), want, rtol=1e-4, atol=1e-5)
         row += t
+
+
+def test_triton_attention_backend_serves_the_same_tokens(tiny, prompts, expected):
+    """attention="triton": K/V stored by the store kernel, decode steps through the paged decode
+    kernel (compiled on a GPU, interpreted here); prompt chunks keep the gather."""
+    _, outs = run(tiny, prompts[:2], SamplingParams(max_tokens=4), block_size=8, num_blocks=40,
+                  attention="triton")
+    assert [o.token_ids for o in outs] == [e[:4] for e in expected[:2]]
