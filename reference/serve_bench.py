@@ -1,6 +1,6 @@
 """`python -m reference.bench serve`: the serving engine under a seeded workload, side by side.
 
-    python -m reference.bench serve [--requests 32] [--max-tokens 128] [--seed 0]
+    python -m reference.bench serve [--requests 32] [--max-tokens 128] [--seed 0] [--max-num-seqs 8]
                                     [--model smollm2-135m|tiny] [--rate R] [--threads N]
                                     [--quick] [--json PATH]
 
@@ -10,7 +10,9 @@ length, Pareto output lengths, every reply generated to its drawn length) is ser
 - a peer that serves one request at a time: Hugging Face `generate` on the same GGUF weights
   (our own cached decode loop for the tiny model, which transformers cannot load);
 - the engine with `scheduling="static"` (admit a batch, wait for all of it), then
-  `scheduling="continuous"` without and with prefix caching.
+  `scheduling="continuous"` without and with prefix caching, all with `--max-num-seqs` slots.
+  With fewer slots than requests, requests queue for a slot: static batching refills its slots
+  only when the longest reply of the batch is done, continuous batching whenever a reply is done.
 
 Each runs twice: every request arriving at once, then a Poisson stream whose rate (default) is
 the requests/s that continuous batching achieved with all of them at once, so requests arrive
@@ -32,9 +34,10 @@ import torch
 
 from reference.__main__ import OneLineParser, positive
 from reference.serve_workload import (SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, RequestTiming, add_ratios,
-                                      format_table, make_workload, summarize)
+                                      format_table, make_workload, prefix_hit_bound, summarize)
 from reference.threads import configure
 
+BLOCK_SIZE = 16
 STATIC, CONTINUOUS, CACHED = "static", "continuous", "continuous + prefix cache"
 ENGINE_CONFIGS = {STATIC: dict(scheduling="static", enable_prefix_caching=False),
                   CONTINUOUS: dict(scheduling="continuous", enable_prefix_caching=False),
@@ -131,21 +134,13 @@ def ours_generate_times(model):
     return generate_times
 
 
-def sequential_peer(model_name: str):
-    """(row name, generate_times) for the one-request-at-a-time peer of `model_name`."""
+def sequential_peer(model_name: str, model):
+    """(row name, generate_times) for the one-request-at-a-time peer: HF on the real weights,
+    our loop on `model` for the tiny one."""
     if model_name == "smollm2-135m":
         from reference.bench import load_hf_peer
         return "HF generate, sequential", hf_generate_times(load_hf_peer())
-    from reference.model import load_model
-    return "ours, sequential", ours_generate_times(load_model(model_name)[0])
-
-
-def load_tokenizer(model_name: str):
-    """The model's tokenizer alone (the GGUF's vocabulary; no weights are read)."""
-    from reference.model import gguf_path, read_gguf
-    from reference.tokenizer import ByteTokenizer, Tokenizer
-
-    return Tokenizer.from_gguf(read_gguf(gguf_path())) if model_name == "smollm2-135m" else ByteTokenizer()
+    return "ours, sequential", ours_generate_times(model)
 
 
 def provenance(argv: list[str], threads: int) -> dict:
@@ -160,11 +155,15 @@ def provenance(argv: list[str], threads: int) -> dict:
 def run_all(args: argparse.Namespace) -> tuple[list[dict], float]:
     """Every (arrival pattern, configuration) row, printed as it finishes; and the Poisson rate."""
     from reference.engine import LLM
+    from reference.model import load_model
 
-    tokenizer = load_tokenizer(args.model)
+    model, tokenizer = load_model(args.model)   # weights shared by every engine; each has its own pool
     system = SYSTEM_PROMPT if args.model == "smollm2-135m" else SHORT_SYSTEM_PROMPT
     requests = make_workload(tokenizer, args.requests, args.max_tokens, args.seed, system_prompt=system)
-    peer_name, peer = sequential_peer(args.model)
+    print(f"prompts {min(len(r.prompt_ids) for r in requests)}-{max(len(r.prompt_ids) for r in requests)} "
+          f"tokens; a prefix-cache hit rate of at most {prefix_hit_bound(requests, BLOCK_SIZE):.0%} is possible "
+          f"(blocks of {BLOCK_SIZE} shared with an earlier prompt / full prompt blocks)\n", flush=True)
+    peer_name, peer = sequential_peer(args.model, model)
     peer(requests[0].prompt_ids, 2)  # warm-up: thread pool, allocator
     rows, rate = [], args.rate
     for arrival in ("all at once", "poisson"):
@@ -176,7 +175,9 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], float]:
                 row = {**run_sequential(peer, requests, pattern), "slot_utilisation": None,
                        "prefix_hit_rate": None, "preemptions": None}
             else:
-                summary, stats = run_engine(LLM(model=args.model, **ENGINE_CONFIGS[config]), requests, pattern)
+                llm = LLM(model, tokenizer=tokenizer, block_size=BLOCK_SIZE, max_num_seqs=args.max_num_seqs,
+                          **ENGINE_CONFIGS[config])
+                summary, stats = run_engine(llm, requests, pattern)
                 row = {**summary, **engine_columns(stats), "engine_stats": stats}
             rows.append({"arrival": arrival, "config": config, **row})
             print(f"  done: {arrival:11} {config:26} {row['tok_per_s']:8.1f} tok/s", flush=True)
@@ -210,17 +211,20 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--max-tokens", type=positive, default=128, help="cap of the Pareto output lengths")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--model", choices=["smollm2-135m", "tiny"], default="smollm2-135m")
+    parser.add_argument("--max-num-seqs", type=positive, default=8,
+                        help="engine slots (static batch size); below --requests, so requests queue for slots")
     parser.add_argument("--rate", type=positive_rate, default=None,
                         help="Poisson arrivals per second (default: continuous batching's all-at-once requests/s)")
     parser.add_argument("--threads", type=positive, default=None, help="default: the cores free now")
-    parser.add_argument("--quick", action="store_true", help="8 requests, outputs capped at 32 tokens")
+    parser.add_argument("--quick", action="store_true", help="12 requests, outputs capped at 32 tokens")
     parser.add_argument("--json", metavar="PATH", help="also write the rows and their provenance as JSON")
     args = parser.parse_args(argv)
     if args.quick:
-        args.requests, args.max_tokens = min(args.requests, 8), min(args.max_tokens, 32)
+        args.requests, args.max_tokens = min(args.requests, 12), min(args.max_tokens, 32)
     info = provenance(argv, configure(args.threads))
     print(f"{info['cpu']}, {info['threads']} threads, torch {info['torch']}; model {args.model}, "
-          f"{args.requests} requests, outputs <= {args.max_tokens} tokens, seed {args.seed}\n", flush=True)
+          f"{args.requests} requests, outputs <= {args.max_tokens} tokens, seed {args.seed}, "
+          f"{args.max_num_seqs} engine slots", flush=True)
     rows, rate = run_all(args)
     print(f"\nPoisson stream: {rate:.2f} requests/s\n\n{format_table(rows)}\n")
     print("\n".join(goal_lines(rows)))

@@ -91,6 +91,22 @@ def make_workload(tokenizer, n_requests: int, max_tokens: int, seed: int, *,
     return requests
 
 
+def prefix_hit_bound(requests: list[BenchRequest], block_size: int) -> float:
+    """The best prefix-cache hit rate the workload allows, counted as the engine counts it (over
+    full prompt blocks): each prompt's full blocks that repeat an earlier prompt's (in arrival
+    order), over all full prompt blocks."""
+    shared = full = 0
+    earlier: list[list[int]] = []
+    for request in sorted(requests, key=lambda r: r.arrival_units):
+        ids = request.prompt_ids
+        common = max((next((i for i, (a, b) in enumerate(zip(ids, other)) if a != b), min(len(ids), len(other)))
+                      for other in earlier), default=0)
+        n_full = len(ids) // block_size
+        shared, full = shared + min(common // block_size, n_full), full + n_full
+        earlier.append(ids)
+    return shared / full if full else 0.0
+
+
 @dataclass
 class RequestTiming:
     """perf_counter seconds of one request's arrival, first generated token and last token."""

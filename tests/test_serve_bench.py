@@ -13,8 +13,9 @@ import numpy as np
 import pytest
 
 from reference.serve_bench import CACHED, CONTINUOUS, ENGINE_CONFIGS, STATIC, run_engine
-from reference.serve_workload import (SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, RequestTiming, add_ratios,
-                                      chat_prompt_ids, format_table, make_workload, percentile, summarize)
+from reference.serve_workload import (SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, BenchRequest, RequestTiming,
+                                      add_ratios, chat_prompt_ids, format_table, make_workload, percentile,
+                                      prefix_hit_bound, summarize)
 from reference.tokenizer import ByteTokenizer
 
 
@@ -52,12 +53,23 @@ def test_poisson_offsets_start_at_zero_and_scale_with_the_rate():
 
 @pytest.mark.slow
 def test_real_model_prompts_use_the_chat_template():
-    from reference.serve_bench import load_tokenizer
-    tok = load_tokenizer("smollm2-135m")
+    from reference.model import gguf_path, read_gguf
+    from reference.tokenizer import Tokenizer
+    tok = Tokenizer.from_gguf(read_gguf(gguf_path()))
     requests = make_workload(tok, 4, 16, 0)
     text = tok.decode(requests[0].prompt_ids)
     assert text.startswith("<|im_start|>system\n" + SYSTEM_PROMPT + "<|im_end|>\n<|im_start|>user\n")
     assert text.endswith("<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_prefix_hit_bound_counts_full_blocks_shared_with_earlier_prompts():
+    system = list(range(100, 110))                               # 10 shared tokens: 2 full blocks of 4
+    prompts = [system + [1, 2, 3], system + [4, 5, 6, 7, 8], system[:9] + [9], [7] * 8]
+    requests = [BenchRequest(i, ids, 4, float(i)) for i, ids in enumerate(prompts)]
+    # full blocks: 3, 3, 2, 2; shared with an earlier prompt: 0, 2, 2, 0
+    assert prefix_hit_bound(requests, block_size=4) == pytest.approx(4 / 10)
+    assert prefix_hit_bound(requests[::-1], block_size=4) == pytest.approx(4 / 10)  # arrival order, not list order
+    assert prefix_hit_bound(requests[:1], block_size=4) == 0.0
 
 
 @pytest.mark.parametrize("n", [1, 2, 7, 100])
@@ -158,9 +170,9 @@ def test_quick_tiny_run_prints_and_saves_every_row(tmp_path):
     configs = ["ours, sequential", *ENGINE_CONFIGS]
     assert [(r["arrival"], r["config"]) for r in saved["rows"]] == \
         [(a, c) for a in ("all at once", "poisson") for c in configs]
-    expected_tokens = sum(r.max_tokens for r in byte_workload(0, n=8, max_tokens=32))
+    expected_tokens = sum(r.max_tokens for r in byte_workload(0, n=12, max_tokens=32))
     for row in saved["rows"]:
-        assert row["output_tokens"] == expected_tokens and row["requests"] == 8
+        assert row["output_tokens"] == expected_tokens and row["requests"] == 12
         assert row["config"] in out.stdout
         assert math.isfinite(row["tok_per_s"]) and row["ttft_p50_ms"] <= row["ttft_p99_ms"]
     for key in ("cpu", "threads", "torch", "date", "command"):
