@@ -161,7 +161,8 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], float]:
     system = SYSTEM_PROMPT if args.model == "smollm2-135m" else SHORT_SYSTEM_PROMPT
     requests = make_workload(tokenizer, args.requests, args.max_tokens, args.seed, system_prompt=system)
     print(f"prompts {min(len(r.prompt_ids) for r in requests)}-{max(len(r.prompt_ids) for r in requests)} "
-          f"tokens; a prefix-cache hit rate of at most {prefix_hit_bound(requests, BLOCK_SIZE):.0%} is possible "
+          f"tokens, {sum(len(r.prompt_ids) for r in requests)} in all, for "
+          f"{sum(r.max_tokens for r in requests)} output tokens; a prefix-cache hit rate of at most {prefix_hit_bound(requests, BLOCK_SIZE):.0%} is possible "
           f"(blocks of {BLOCK_SIZE} shared with an earlier prompt / full prompt blocks)\n", flush=True)
     peer_name, peer = sequential_peer(args.model, model)
     peer(requests[0].prompt_ids, 2)  # warm-up: thread pool, allocator
@@ -179,6 +180,8 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], float]:
                           **ENGINE_CONFIGS[config])
                 summary, stats = run_engine(llm, requests, pattern)
                 row = {**summary, **engine_columns(stats), "engine_stats": stats}
+                if not ENGINE_CONFIGS[config]["enable_prefix_caching"]:
+                    row["prefix_hit_rate"] = None   # printed as "-": no cache, nothing looked up
             rows.append({"arrival": arrival, "config": config, **row})
             print(f"  done: {arrival:11} {config:26} {row['tok_per_s']:8.1f} tok/s", flush=True)
     add_ratios(rows, static=STATIC, sequential=peer_name)
