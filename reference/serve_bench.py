@@ -152,6 +152,15 @@ def provenance(argv: list[str], threads: int) -> dict:
             "threads": threads, "torch": torch.__version__, "python": platform.python_version()}
 
 
+def describe_workload(requests) -> str:
+    """Prompt and output token counts (prefill vs decode work) and the best possible hit rate."""
+    lengths = [len(r.prompt_ids) for r in requests]
+    return (f"prompts {min(lengths)}-{max(lengths)} tokens, {sum(lengths)} in all, for "
+            f"{sum(r.max_tokens for r in requests)} output tokens; a prefix-cache hit rate of at most "
+            f"{prefix_hit_bound(requests, BLOCK_SIZE):.0%} is possible (blocks of {BLOCK_SIZE} shared with "
+            f"an earlier prompt / full prompt blocks)")
+
+
 def run_all(args: argparse.Namespace) -> tuple[list[dict], float]:
     """Every (arrival pattern, configuration) row, printed as it finishes; and the Poisson rate."""
     from reference.engine import LLM
@@ -160,10 +169,7 @@ def run_all(args: argparse.Namespace) -> tuple[list[dict], float]:
     model, tokenizer = load_model(args.model)   # weights shared by every engine; each has its own pool
     system = SYSTEM_PROMPT if args.model == "smollm2-135m" else SHORT_SYSTEM_PROMPT
     requests = make_workload(tokenizer, args.requests, args.max_tokens, args.seed, system_prompt=system)
-    print(f"prompts {min(len(r.prompt_ids) for r in requests)}-{max(len(r.prompt_ids) for r in requests)} "
-          f"tokens, {sum(len(r.prompt_ids) for r in requests)} in all, for "
-          f"{sum(r.max_tokens for r in requests)} output tokens; a prefix-cache hit rate of at most {prefix_hit_bound(requests, BLOCK_SIZE):.0%} is possible "
-          f"(blocks of {BLOCK_SIZE} shared with an earlier prompt / full prompt blocks)\n", flush=True)
+    print(describe_workload(requests) + "\n", flush=True)
     peer_name, peer = sequential_peer(args.model, model)
     peer(requests[0].prompt_ids, 2)  # warm-up: thread pool, allocator
     rows, rate = [], args.rate

@@ -145,13 +145,12 @@ class FakeEngine:
 
 
 def test_run_engine_adds_each_request_when_its_time_comes(monkeypatch):
-    import reference.serve_bench as bench
     monkeypatch.setitem(sys.modules, "reference.engine",
                         SimpleNamespace(SamplingParams=lambda **kw: SimpleNamespace(**kw)))
     requests = byte_workload(2, n=6, max_tokens=8)
     engine, rate = FakeEngine(), 20.0                     # arrivals spread over about 0.25 s
     start = time.perf_counter()
-    summary, stats = bench.run_engine(SimpleNamespace(engine=engine), requests, rate)
+    summary, stats = run_engine(SimpleNamespace(engine=engine), requests, rate)
     for r in requests:
         added, arrival = engine.added[f"req-{r.index}"]
         assert arrival == pytest.approx(start + r.arrival_s(rate), abs=0.01)
