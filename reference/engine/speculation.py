@@ -23,14 +23,15 @@ METHODS = ("prompt_lookup", "layer_skip")
 class Speculator:
     """Drafts for decoding sequences and the acceptance test on the target's logits.
 
-    method: "prompt_lookup" (copy what followed the last n-gram's earlier occurrence: no model) or
-    "layer_skip" (the target's first `draft_layers` layers, its norm and head draft). k: drafts
-    per step at most.
+    method: "prompt_lookup" (copy what followed the last n-gram's earlier occurrence: no model),
+    "layer_skip" (the target's first `draft_layers` layers, its norm and head draft), or a
+    callable returning a new drafter (see reference.drafters: reset(max_len), propose(...)).
+    k: drafts per step at most.
     """
 
     def __init__(self, model, method: str, k: int, draft_layers: int | None = None):
-        if method not in METHODS:
-            raise ValueError(f"speculative must be one of {METHODS} or None, got {method!r}")
+        if not callable(method) and method not in METHODS:
+            raise ValueError(f"speculative must be one of {METHODS}, a drafter factory or None, got {method!r}")
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"num_speculative_tokens must be an int >= 1, got {k!r}")
         self.model, self.method, self.k = model, method, k
@@ -46,7 +47,8 @@ class Speculator:
         if left <= 0:
             return
         if seq.drafter is None:
-            seq.drafter = (PromptLookupDrafter() if self.method == "prompt_lookup"
+            seq.drafter = (self.method() if callable(self.method)
+                           else PromptLookupDrafter() if self.method == "prompt_lookup"
                            else layer_skip_drafter(self.model, self.draft_layers))
             seq.drafter.reset(min(seq.num_prompt_tokens + p.max_tokens, self.model.config.max_seq_len))
         with torch.inference_mode():
