@@ -5,17 +5,17 @@ one-request-at-a-time peer, records a `RequestTiming` per request, and prints `f
 
 Workload: every prompt is a chat whose system message is the same text (so full blocks of it can
 be shared by the prefix cache) followed by a user message of a seeded length; output lengths are
-Pareto-distributed and capped (`reference.fragmentation.random_workload` draws both lengths).
+Pareto-distributed and capped (`reference.batching_sim.pareto_workload`, chapter 09's simulator
+workload, draws both lengths).
 Requests arrive all at once or as a Poisson stream: each request carries its arrival offset in
 units of the mean gap between arrivals, so one seeded workload serves every arrival rate.
 """
 from __future__ import annotations
 
-import math
 import random
 from dataclasses import dataclass
 
-from reference.fragmentation import random_workload
+from reference.batching_sim import pareto_workload, percentile
 
 SYSTEM_SENTENCES = [
     "You are a patient assistant for a course on how language models are served.",
@@ -77,16 +77,16 @@ def make_workload(tokenizer, n_requests: int, max_tokens: int, seed: int, *,
                   system_prompt: str = SYSTEM_PROMPT, user_tokens: tuple[int, int] = (8, 96),
                   min_output: int = 8, pareto_alpha: float = 1.2) -> list[BenchRequest]:
     """`n_requests` seeded requests: the shared system prompt, a user message of a length drawn
-    uniformly from `user_tokens`, an output length min(max_tokens, min_output * Pareto(alpha)),
+    log-uniformly from `user_tokens`, an output length min(max_tokens, min_output * Pareto(alpha)),
     and Poisson arrival offsets (exponential gaps of mean 1). Same seed, same workload."""
     if n_requests < 1 or max_tokens < 1:
         raise ValueError(f"need n_requests >= 1 and max_tokens >= 1, got {n_requests} and {max_tokens}")
-    specs = random_workload(n_requests, seed, prompt_len=user_tokens, min_output=min(min_output, max_tokens),
-                            pareto_alpha=pareto_alpha, max_tokens=max_tokens)
+    specs = pareto_workload(n_requests, seed, min_output=min(min_output, max_tokens), max_output=max_tokens,
+                            alpha=pareto_alpha, prompt_range=user_tokens)
     rng, offset, requests = random.Random(f"serve-bench-{seed}"), 0.0, []
     for spec in specs:
-        ids = chat_prompt_ids(tokenizer, system_prompt, user_text(tokenizer, spec.prompt_len, rng))
-        requests.append(BenchRequest(spec.req_id, ids, spec.output_len, offset))
+        ids = chat_prompt_ids(tokenizer, system_prompt, user_text(tokenizer, spec["prompt_len"], rng))
+        requests.append(BenchRequest(spec["id"], ids, spec["output_len"], offset))
         offset += rng.expovariate(1.0)
     return requests
 
@@ -132,20 +132,6 @@ class RequestTiming:
     def tpot(self) -> float | None:
         """Mean time per output token after the first (s); None for a one-token reply."""
         return (self.finish - self.first_token) / (self.n_tokens - 1) if self.n_tokens > 1 else None
-
-
-def percentile(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) with linear interpolation between order statistics (numpy's
-    default method)."""
-    if not values:
-        raise ValueError("percentile of an empty list")
-    if not 0 <= q <= 100:
-        raise ValueError(f"q must be in [0, 100], got {q}")
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low = math.floor(position)
-    high = min(low + 1, len(ordered) - 1)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
 def summarize(timings: list[RequestTiming], start: float) -> dict:
