@@ -313,3 +313,14 @@ def test_real_model_greedy_output_is_unchanged_by_speculation():
         out, st = speculative_generate(model, drafter, prompt, 12, k=k, stop_ids=tok.stop_ids)
         assert out == expected, type(drafter).__name__
         assert st.target_passes <= len(expected) + 1
+
+
+def test_benchmark_rows_on_the_tiny_model():
+    from types import SimpleNamespace as Args
+
+    from reference.spec_bench import run_task
+    from reference.tokenizer import ByteTokenizer
+
+    rows = run_task(build_tiny(0), ByteTokenizer(), "abcabcabc abcab", Args(tokens=12, k=3, skip_layers=1, repeats=1))
+    assert [r["drafter"] for r in rows] == ["none (plain decoding)", "prompt lookup", "layer skip (1/2)"]
+    assert all(r["same"] and r["tokens"] == 12 and r["tok_s"] > 0 for r in rows)
