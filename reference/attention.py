@@ -5,6 +5,9 @@ K/V head ``group`` times (``repeat_interleave``) would rebuild the memory the ca
 Instead the queries of one group are stacked as extra *rows*: q [B, H_q, T_q, D] is viewed as
 [B, H_kv, group * T_q, D], and every K/V head is multiplied once by all the queries that use it.
 No K or V element is copied; MHA is ``group == 1`` and MQA is ``H_kv == 1``.
+
+`paged_attention` is the same computation for the serving engine (chapter 08): keys and values sit
+in a pool of fixed-size blocks and each sequence reads its own through a block table.
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ import math
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 
 def grouped_query_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
@@ -53,3 +57,60 @@ def repeat_kv(x: Tensor, group: int) -> Tensor:
     What GQA avoids; kept to show the equivalence (tests, book)."""
     return x.repeat_interleave(group, dim=1)
 
+
+
+def gather_blocks(cache: Tensor, block_tables: Tensor, n_keys: int) -> Tensor:
+    """Keys (or values) of positions 0 .. n_keys-1 of each sequence, read through its block table.
+
+    cache: one layer of the paged pool [num_blocks, block_size, H_kv, D]; block_tables [B, M] int.
+    Position p of sequence b lives in slot block_tables[b, p // block_size] * block_size + p % block_size.
+    Returns [B, n_keys, H_kv, D] (a copy; slots past a sequence's end hold whatever the pool holds).
+    """
+    block_size = cache.shape[1]
+    positions = torch.arange(n_keys, device=cache.device)
+    blocks = block_tables[:, positions // block_size].long().clamp_min(0)   # -1 padding reads block 0
+    slots = blocks * block_size + positions % block_size                     # [B, n_keys]
+    return cache.reshape(-1, *cache.shape[2:])[slots]
+
+
+def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                    context_lens: Tensor, query_lens: list[int]) -> Tensor:
+    """Causal attention for ragged sequences whose keys and values sit in a paged pool.
+
+    q [N, H, D]: the new queries of B sequences, concatenated (query_lens[b] of them for sequence
+    b); they are the *last* query_lens[b] of that sequence's context_lens[b] positions, whose K/V
+    are already in the pool. k_cache, v_cache [num_blocks, block_size, H_kv, D]; block_tables
+    [B, M]; context_lens [B]. Returns [N, H, D].
+
+    Decode rows (one query each) run as one batched call over keys gathered to the longest
+    context, padding masked out; each prefill chunk runs on its own (a Python loop over the few
+    chunks of a step), so no query is padded to another sequence's length.
+    """
+    out = torch.empty_like(q)
+    starts = [0]
+    for n in query_lens:
+        starts.append(starts[-1] + n)
+    lens = [int(n) for n in context_lens.tolist()]
+    decode = [b for b, n in enumerate(query_lens) if n == 1]
+    if decode:
+        rows = torch.tensor([starts[b] for b in decode], device=q.device)
+        tables = block_tables[decode]
+        longest = max(lens[b] for b in decode)
+        k = gather_blocks(k_cache, tables, longest).transpose(1, 2)         # [B', H_kv, L, D]
+        v = gather_blocks(v_cache, tables, longest).transpose(1, 2)
+        visible = torch.arange(longest, device=q.device)[None, :] < context_lens[decode, None]
+        o = F.scaled_dot_product_attention(q[rows][:, :, None], k, v, attn_mask=visible[:, None, None, :],
+                                           enable_gqa=True)                    # [B', H, 1, D]
+        out[rows] = o[:, :, 0]
+    for b, n in enumerate(query_lens):
+        if n == 1:
+            continue
+        length = lens[b]
+        k = gather_blocks(k_cache, block_tables[b:b + 1], length).transpose(1, 2)   # [1, H_kv, L, D]
+        v = gather_blocks(v_cache, block_tables[b:b + 1], length).transpose(1, 2)
+        query_positions = torch.arange(length - n, length, device=q.device)
+        mask = torch.arange(length, device=q.device)[None, :] <= query_positions[:, None]
+        chunk = q[starts[b]:starts[b + 1]].transpose(0, 1)[None]                   # [1, H, n, D]
+        o = F.scaled_dot_product_attention(chunk, k, v, attn_mask=mask, enable_gqa=True)
+        out[starts[b]:starts[b + 1]] = o[0].transpose(0, 1)
+    return out

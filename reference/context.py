@@ -1,0 +1,129 @@
+"""The per-step context: what one forward pass needs to know besides token ids and weights.
+
+A model step is the same code whether it serves one prompt in a notebook or a batch of requests in
+the engine; what differs is *where the keys and values live* and *which keys each query may see*.
+That knowledge sits in a context object built once per step and read by every attention layer:
+
+- `DenseContext`: B sequences in lockstep over a contiguous `KVCache` (or no cache at all), the
+  T new tokens at positions ``start .. start + T - 1``. Writing at ``start`` is writing by
+  position: a step that starts before the cache's end overwrites the tail (speculative rollback).
+  Backends: ``"sdpa"`` (PyTorch's fused attention), ``"naive"`` (explicit softmax, chapter 01),
+  ``"triton"`` (our FlashAttention and split-K decode kernels, chapters 05–07).
+- `PagedContext`: ragged sequences flattened into one row of N tokens (the engine), keys and values
+  in a paged pool addressed through block tables (chapter 08). Backends: ``"torch"`` (gather
+  through the block table) and ``"triton"`` (store and decode kernels over the block table).
+
+`attend(layer, q, k, v)` stores the new keys and values where the context keeps them and returns
+the attention output; the model never touches a cache itself.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from reference.attention import grouped_query_attention, paged_attention
+
+DENSE_BACKENDS = ("sdpa", "naive", "triton")
+PAGED_BACKENDS = ("torch", "triton")
+
+
+@dataclass
+class DenseContext:
+    """One step over a contiguous cache. positions [T] (shared by the batch); mask [T, S] bool
+    (True = key visible) or None when every key is visible; rope_rows: slice or index tensor."""
+    positions: Tensor
+    rope_rows: slice | Tensor
+    cache: object | None
+    mask: Tensor | None
+    backend: str = "sdpa"
+
+    @classmethod
+    def for_step(cls, cache, n_new: int, positions: Tensor | None, device: torch.device,
+                 backend: str = "sdpa") -> "DenseContext":
+        """Build the context of a step feeding `n_new` tokens; the causal mask is made once here.
+
+        Without positions, the tokens continue the cache (or start at 0). With positions, the first
+        one says where they are written: a cache holding more tokens is cut back to it first.
+        """
+        if backend not in DENSE_BACKENDS:
+            raise ValueError(f"unknown attention backend {backend!r}: choose one of {DENSE_BACKENDS}")
+        start = cache.length if cache is not None else 0
+        if positions is None:
+            rope_rows = slice(start, start + n_new)
+            positions = torch.arange(start, start + n_new, device=device)
+        else:
+            if positions.shape != (n_new,):
+                raise ValueError(f"positions must have shape [{n_new}], got {list(positions.shape)}")
+            rope_rows = positions
+            if cache is not None:
+                start = int(positions[0])
+                if start > cache.length:
+                    raise ValueError(f"cannot write at position {start}: the cache holds {cache.length} tokens")
+                if start < cache.length:
+                    cache.truncate(start)  # write by position: the rejected tail is overwritten
+        mask = None
+        if n_new > 1:  # a single query sees every key: a decode step needs no mask
+            key_positions = torch.arange(start + n_new, device=device) if cache is not None else positions
+            mask = key_positions[None, :] <= positions[:, None]
+        return cls(positions, rope_rows, cache, mask, backend)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q [B, T, H, D], k and v [B, T, H_kv, D] -> [B, T, H * D]."""
+        B, T = q.shape[:2]
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+        if self.cache is not None:
+            k, v = self.cache.append(layer, k, v)  # views of the whole cached prefix [B, H_kv, S, D]
+        if self.backend == "triton":
+            from reference.kernels.model_backend import kernel_attention
+            out = kernel_attention(q, k, v)
+        elif self.backend == "naive":  # the new queries are the last T of the S keys: end-aligned causal
+            out = grouped_query_attention(q, k, v, causal=T > 1)
+        else:
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=True)
+        return out.transpose(1, 2).reshape(B, T, -1)
+
+
+@dataclass
+class PagedContext:
+    """One engine step over a paged pool (shapes: N new tokens, B sequences).
+
+    positions [N] int64; slot_mapping [N] int64 (-1 = do not store); query_lens: new tokens per
+    sequence (B ints, summing to N); context_lens [B] int32 (keys each sequence sees after this
+    step's writes); block_tables [B, max_blocks] int32 padded with -1; k_pool, v_pool
+    [n_layers, num_blocks, block_size, H_kv, D].
+    """
+    positions: Tensor
+    slot_mapping: Tensor
+    query_lens: list[int]
+    context_lens: Tensor
+    block_tables: Tensor
+    k_pool: Tensor
+    v_pool: Tensor
+    backend: str = "torch"
+
+    def __post_init__(self):
+        if self.backend not in PAGED_BACKENDS:
+            raise ValueError(f"unknown paged backend {self.backend!r}: choose one of {PAGED_BACKENDS}")
+        self.rope_rows = self.positions
+        self.decode_only = all(n == 1 for n in self.query_lens)
+
+    def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        """q [1, N, H, D], k and v [1, N, H_kv, D] -> [1, N, H * D]."""
+        q, k, v = q[0], k[0], v[0]
+        k_cache, v_cache = self.k_pool[layer], self.v_pool[layer]
+        if self.backend == "triton":
+            from reference.kernels.paged_attention import paged_decode_attention, store_kv
+            store_kv(k, v, k_cache, v_cache, self.slot_mapping)
+            if self.decode_only:
+                out = paged_decode_attention(q, k_cache, v_cache, self.block_tables, self.context_lens)
+                return out.reshape(1, q.shape[0], -1)
+        else:
+            keep = self.slot_mapping >= 0
+            slots = self.slot_mapping[keep]
+            k_cache.view(-1, *k.shape[1:])[slots] = k[keep]
+            v_cache.view(-1, *v.shape[1:])[slots] = v[keep]
+        out = paged_attention(q, k_cache, v_cache, self.block_tables, self.context_lens, self.query_lens)
+        return out.reshape(1, q.shape[0], -1)
