@@ -163,7 +163,7 @@ class Llama(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
                 cache: KVCache | None = None, *, context: PagedContext | None = None,
-                num_layers: int | None = None) -> Tensor:
+                num_layers: int | None = None, logits_rows: Tensor | None = None) -> Tensor:
         """input_ids [B, T] -> logits [B, T, vocab] (float32).
 
         positions [T] are absolute positions; by default they continue the cache
@@ -172,6 +172,8 @@ class Llama(nn.Module):
         context: a `PagedContext` for an engine step (input_ids [1, N], ragged sequences
         flattened); positions and cache are then ignored. num_layers: run only the first
         num_layers blocks before the final norm and head (a self-speculative draft).
+        logits_rows [R]: compute logits only at these positions along T -> [B, R, vocab] (the
+        engine needs one row per sequence, not one per prompt token: the head is the largest matmul).
         """
         if context is None:
             context = DenseContext.for_step(cache, input_ids.shape[1], positions, input_ids.device,
@@ -181,6 +183,8 @@ class Llama(nn.Module):
         for layer, block in enumerate(self.blocks[:num_layers]):
             x = x + block.attn(block.attn_norm(x), cos2, sin2, context, layer)
             x = x + block.mlp(block.mlp_norm(x))
+        if logits_rows is not None:
+            x = x[:, logits_rows]
         x = self.norm(x)
         return F.linear(x, self.embed.weight).float()  # tied embeddings: the LM head is embed^T
 

@@ -91,6 +91,17 @@ class BlockManager:
         """Whether a prompt of `n_tokens` fits even without any prefix-cache hit."""
         return self.blocks_needed(n_tokens) <= self.num_free_blocks
 
+    def cached_prefix_tokens(self, token_ids: Sequence[int]) -> int:
+        """How many leading tokens `allocate(seq_id, token_ids)` would find cached (changes nothing).
+
+        A multiple of block_size, always < len(token_ids); 0 without prefix caching.
+        """
+        if not self.enable_prefix_caching:
+            return 0
+        tokens = _as_token_ids(token_ids)
+        hashes = full_block_hashes(tokens, self.block_size)[:(len(tokens) - 1) // self.block_size]
+        return len(self._cached_prefix(hashes)) * self.block_size
+
     def can_append(self, seq_id: Hashable) -> bool:
         """Whether `append_token(seq_id, ...)` would succeed now."""
         return self._blocks_for_append(seq_id) <= self.num_free_blocks

@@ -7,7 +7,17 @@ run; ``tests/kernel_support.py`` does the same when a kernel test file runs on i
 """
 import os
 
+import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(scope="session")
+def real_model():
+    """(model, tokenizer) of SmolLM2-135M-Instruct in float32, loaded once per test session.
+    Tests must not change it (use their own load_model for that)."""
+    from reference.model import load_model
+
+    return load_model("smollm2-135m")

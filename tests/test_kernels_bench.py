@@ -16,6 +16,6 @@ def test_cpu_bench_reports_bytes_and_interpreter_errors(tmp_path, capsys):
     result = json.loads(path.read_text())
     assert [row["N"] for row in result["hbm_bytes"]] == [512, 1024, 2048, 4096, 8192, 16384]
     assert all(row["naive"] > row["flash"] for row in result["hbm_bytes"])
-    assert len(result["interpreter"]) == 3
+    assert len(result["interpreter"]) == 4
     assert all(row["max_rel_error"] < 1e-5 for row in result["interpreter"]), result["interpreter"]
     assert "gpu" not in result["provenance"]

@@ -2,7 +2,8 @@
 
 On a CUDA GPU: flash attention forward vs `F.scaled_dot_product_attention` (TFLOP/s, causal
 and not, fp16/bf16, D = 64/128, N = 512 ... 16384), softmax vs `torch.softmax` (GB/s), and
-split-K decode attention vs SDPA with one query (GB/s of K/V read). Each row also checks the
+split-K decode attention vs SDPA with one query (GB/s of K/V read), and paged decode
+attention vs that contiguous decode on the same K/V. Each row also checks the
 two results against each other. On a CPU: the analytic HBM traffic of naive vs flash attention
 and a correctness run of each kernel in Triton's interpreter (timings there mean nothing: they
 need a GPU).
@@ -113,12 +114,46 @@ def bench_decode(seq_lens: list[int]) -> list[dict]:
     return rows
 
 
+def bench_paged(seq_lens: list[int], block_size: int = 16) -> list[dict]:
+    """Paged vs contiguous decode on the same K/V (bench_decode's shapes): the pool holds each
+    sequence's keys in shuffled blocks of `block_size` tokens. Times the kernels alone
+    (check_values=False: no host sync)."""
+    from reference.kernels import decode_attention, paged_decode_attention
+    rows = []
+    for n in seq_lens + [2 * seq_lens[-1]]:
+        batch, n_kv_heads, head_dim = 8, 8, 128
+        q = torch.randn(batch, 32, head_dim, device="cuda", dtype=torch.float16)
+        k, v = (torch.randn(batch, n_kv_heads, n, head_dim, device="cuda", dtype=torch.float16) for _ in range(2))
+        blocks_per_seq = -(-n // block_size)
+        tables = torch.randperm(batch * blocks_per_seq, device="cuda").view(batch, blocks_per_seq)
+        pools = []
+        for x in (k, v):
+            pool = torch.zeros(batch * blocks_per_seq * block_size, n_kv_heads, head_dim, device="cuda",
+                               dtype=torch.float16)
+            positions = torch.arange(n, device="cuda")
+            slots = tables[:, positions // block_size] * block_size + positions % block_size       # [B, N]
+            pool[slots] = x.transpose(1, 2)
+            pools.append(pool.view(-1, block_size, n_kv_heads, head_dim))
+        tables, lens = tables.int(), torch.full((batch,), n, dtype=torch.int32, device="cuda")
+        paged = lambda: paged_decode_attention(q, *pools, tables, lens, check_values=False)
+        moved = 2 * k.numel() * k.element_size()                    # K and V read once
+        ms_paged, ms_contiguous = gpu_time_ms(paged), gpu_time_ms(lambda: decode_attention(q, k, v))
+        rows.append({"kernel": "paged", "dtype": "float16", "D": head_dim, "N": n, "batch": batch, "heads": "32/8",
+                     "block_size": block_size, "versus": "contiguous", "ms": ms_paged, "ms_contiguous": ms_contiguous,
+                     "gbps": moved / ms_paged / 1e6, "gbps_contiguous": moved / ms_contiguous / 1e6,
+                     "max_abs_diff": (paged().float() - decode_attention(q, k, v).float()).abs().max().item()})
+        print_row(rows[-1])
+    return rows
+
+
 def print_row(row: dict) -> None:
+    peer = row.get("versus", "torch")            # the other side of the ratio: PyTorch, or contiguous decode
     shape = " ".join(f"{key}={row[key]}" for key in ("dtype", "D", "causal", "N") if key in row)
-    rate = (f"{row['tflops']:7.1f} vs {row['tflops_torch']:7.1f} TFLOP/s" if "tflops" in row
-            else f"{row['gbps']:7.0f} vs {row['gbps_torch']:7.0f} GB/s")
-    print(f"{row['kernel']:8} {shape:42} {row['ms']:9.3f} ms vs {row['ms_torch']:9.3f} ms "
-          f"({row['ms'] / row['ms_torch']:5.2f}x torch's time)  {rate}  max|diff| {row['max_abs_diff']:.1e}",
+    rate = (f"{row['tflops']:7.1f} vs {row[f'tflops_{peer}']:7.1f} TFLOP/s" if "tflops" in row
+            else f"{row['gbps']:7.0f} vs {row[f'gbps_{peer}']:7.0f} GB/s")
+    print(f"{row['kernel']:8} {shape:42} {row['ms']:9.3f} ms vs {row[f'ms_{peer}']:9.3f} ms "
+          f"({row['ms'] / row[f'ms_{peer}']:5.2f}x {peer}'s time)  {rate}  "
+          f"max|diff| {row['max_abs_diff']:.1e}",
           flush=True)
 
 
@@ -138,17 +173,27 @@ def hbm_table(block_m: int = 128) -> list[dict]:
 
 def interpreter_check() -> list[dict]:
     """Each kernel once on small random inputs vs float64, run in Triton's interpreter."""
-    from reference.kernels import decode_attention, flash_attention, softmax
+    from reference.kernels import decode_attention, flash_attention, paged_decode_attention, softmax, store_kv
     from reference.kernels.torch_reference import naive_attention
     gen = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(1, 3, n, 64, generator=gen) for n in (40, 70, 70))
     x = torch.randn(8, 1000, generator=gen) * 10
+    table = torch.randperm(6, generator=gen)[:5]                 # 70 keys in 5 shuffled blocks of 16
+    positions = torch.arange(70)
+    slots = table[positions // 16] * 16 + positions % 16
+    k_pool, v_pool = torch.full((6, 16, 3, 64), float("nan")), torch.full((6, 16, 3, 64), float("nan"))
+
+    def paged():
+        store_kv(k[0].transpose(0, 1), v[0].transpose(0, 1), k_pool, v_pool, slots)
+        return paged_decode_attention(q[:, :, 0], k_pool, v_pool, table[None].int(), torch.tensor([70], dtype=torch.int32))
     cases = {
         "softmax [8, 1000]": (lambda: softmax(x), torch.softmax(x.double(), -1)),
         "flash causal Nq=40 Nk=70 D=64": (lambda: flash_attention(q, k, v, causal=True),
                                           naive_attention(q.double(), k.double(), v.double(), True)[0]),
         "decode N=70 D=64, 3 splits": (lambda: decode_attention(q[:, :, 0], k, v, num_splits=3),
                                        naive_attention(q.double()[:, :, :1], k.double(), v.double())[0][:, :, 0]),
+        "store_kv + paged N=70, 5 blocks": (paged, naive_attention(q.double()[:, :, :1], k.double(),
+                                                                           v.double())[0][:, :, 0]),
     }
     rows = []
     for name, (run, reference) in cases.items():
@@ -178,6 +223,7 @@ def main(argv: list[str] | None = None) -> None:
         result["flash"] = bench_flash(seq_lens)
         result["softmax"] = bench_softmax(seq_lens)
         result["decode"] = bench_decode(seq_lens)
+        result["paged"] = bench_paged(seq_lens)
     else:
         print("No CUDA GPU here: kernel timings need a GPU, so this run prints the analytic traffic and "
               "checks the kernels in Triton's interpreter.\n")

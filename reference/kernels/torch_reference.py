@@ -118,3 +118,22 @@ def split_decode_attention(q: Tensor, k: Tensor, v: Tensor, num_splits: int,
         p = torch.exp(s - m[..., None])
         state = merge_softmax_states(state, (m, p.sum(-1), torch.einsum("bhn,bhnd->bhd", p, v[:, :, start:start + chunk])))
     return state[2] / state[1][..., None]
+
+
+def paged_attention_reference(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
+                              context_lens: Tensor, sm_scale: float | None = None) -> Tensor:
+    """Decode attention through block tables, in float64: q [B, Hq, D] -> float64 [B, Hq, D].
+
+    k_cache, v_cache [num_blocks, block_size, Hkv, D]; sequence b's key at position p is row
+    p % block_size of block block_tables[b, p // block_size], for p < context_lens[b]. Gathers
+    each sequence's keys into a contiguous [Hkv, n, D] and runs `naive_attention` on them.
+    """
+    block_size = k_cache.shape[1]
+    k_rows, v_rows = k_cache.flatten(0, 1).double(), v_cache.flatten(0, 1).double()   # [slots, Hkv, D]
+    outs = []
+    for b in range(q.shape[0]):
+        positions = torch.arange(int(context_lens[b]), device=q.device)
+        slots = block_tables[b, positions // block_size].long() * block_size + positions % block_size
+        k, v = k_rows[slots].transpose(0, 1), v_rows[slots].transpose(0, 1)                # [Hkv, n, D]
+        outs.append(naive_attention(q[b, None, :, None].double(), k[None], v[None], sm_scale=sm_scale)[0][0, :, 0])
+    return torch.stack(outs)
