@@ -1,4 +1,5 @@
-"""Command line: `python -m reference generate "prompt" [--max-new-tokens N] [--chat] [--threads N]`.
+"""Command line: `python -m reference generate "prompt" [--max-new-tokens N] [--chat] [--threads N]`
+and `python -m reference serve [--port 8000]` (reference/engine/server.py).
 
 Streams the reply as it is decoded and ends with a tokens/s line. A request that cannot be
 served (empty prompt, negative N, prompt longer than the context window, sampling settings out
@@ -50,7 +51,25 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--threads", type=positive, default=None, help="CPU threads (default: the cores free now)")
     gen.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
+    add_serve_parser(sub)
     return parser.parse_args(argv)
+
+
+def add_serve_parser(sub) -> None:
+    """`serve`: the OpenAI-shaped HTTP server over the engine, with the engine's knobs."""
+    serve = sub.add_parser("serve", help="serve the engine over HTTP with the OpenAI API shape")
+    serve.add_argument("--host", default="127.0.0.1")
+    serve.add_argument("--port", type=positive, default=8000)
+    serve.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
+    serve.add_argument("--block-size", type=positive, default=16, help="tokens per K/V block")
+    serve.add_argument("--num-blocks", type=positive, default=None, help="K/V pool size in blocks")
+    serve.add_argument("--max-num-seqs", type=positive, default=32, help="most requests per step")
+    serve.add_argument("--max-num-batched-tokens", type=positive, default=512,
+                       help="token budget of one step (prefill chunks + decodes)")
+    serve.add_argument("--no-prefix-caching", action="store_true")
+    serve.add_argument("--scheduling", default="continuous", choices=["continuous", "static"])
+    serve.add_argument("--attention", default="torch", choices=["torch", "triton"])
+    serve.add_argument("--threads", type=positive, default=None, help="CPU threads (default: the cores free now)")
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -85,7 +104,11 @@ def run_generate(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     try:
-        run_generate(args)
+        if args.command == "serve":
+            from reference.engine.server import serve
+            serve(args)
+        else:
+            run_generate(args)
     except ValueError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -42,11 +42,12 @@ class DenseContext:
 
     @classmethod
     def for_step(cls, cache, n_new: int, positions: Tensor | None, device: torch.device,
-                 backend: str = "sdpa") -> "DenseContext":
+                 backend: str = "sdpa", mask: Tensor | None = None) -> "DenseContext":
         """Build the context of a step feeding `n_new` tokens; the causal mask is made once here.
 
         Without positions, the tokens continue the cache (or start at 0). With positions, the first
         one says where they are written: a cache holding more tokens is cut back to it first.
+        mask [n_new, S] replaces the causal mask (sdpa backend only), e.g. for a draft tree.
         """
         if backend not in DENSE_BACKENDS:
             raise ValueError(f"unknown attention backend {backend!r}: choose one of {DENSE_BACKENDS}")
@@ -64,7 +65,10 @@ class DenseContext:
                     raise ValueError(f"cannot write at position {start}: the cache holds {cache.length} tokens")
                 if start < cache.length:
                     cache.truncate(start)  # write by position: the rejected tail is overwritten
-        mask = None
+        if mask is not None:
+            if backend != "sdpa":
+                raise ValueError(f"a custom mask needs the sdpa backend, not {backend!r}")
+            return cls(positions, rope_rows, cache, mask, backend)
         if n_new > 1:  # a single query sees every key: a decode step needs no mask
             key_positions = torch.arange(start + n_new, device=device) if cache is not None else positions
             mask = key_positions[None, :] <= positions[:, None]

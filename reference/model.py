@@ -163,7 +163,8 @@ class Llama(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
                 cache: KVCache | None = None, *, context: PagedContext | None = None,
-                num_layers: int | None = None, logits_rows: Tensor | None = None) -> Tensor:
+                num_layers: int | None = None, logits_rows: Tensor | None = None,
+                mask: Tensor | None = None) -> Tensor:
         """input_ids [B, T] -> logits [B, T, vocab] (float32).
 
         positions [T] are absolute positions; by default they continue the cache
@@ -174,10 +175,12 @@ class Llama(nn.Module):
         num_layers blocks before the final norm and head (a self-speculative draft).
         logits_rows [R]: compute logits only at these positions along T -> [B, R, vocab] (the
         engine needs one row per sequence, not one per prompt token: the head is the largest matmul).
+        mask: bool [T, S] (True = key visible) replacing the causal mask of a dense step, e.g. a
+        draft tree's (each node sees the cached prefix and its ancestors); S = cache length + T.
         """
         if context is None:
             context = DenseContext.for_step(cache, input_ids.shape[1], positions, input_ids.device,
-                                            self.attention_backend)
+                                            self.attention_backend, mask)
         cos2, sin2 = self.rope_cos[context.rope_rows], self.rope_sin[context.rope_rows]
         x = self.embed(input_ids)
         for layer, block in enumerate(self.blocks[:num_layers]):

@@ -213,12 +213,25 @@ class BlockManager:
         table = self._table(seq_id)
         del self._tables[seq_id], self._tokens[seq_id], self._hashes[seq_id]
         for block_id in reversed(table):
-            self._refs[block_id] -= 1
-            if self._refs[block_id] == 0:
-                if self.cache.is_cached(block_id):
-                    self.cache.park(block_id)
-                else:
-                    self._free.append(block_id)
+            self._release(block_id)
+
+    def truncate(self, seq_id: Hashable, n_tokens: int) -> None:
+        """Keep the sequence's first n_tokens tokens and forget the rest (rejected speculative drafts).
+
+        Blocks past the new end are released as in `free`. A tail block left partly filled will be
+        written again, so it stops naming its old prefix in the prefix cache, unless another
+        sequence still holds it (then it is that sequence's data, and the next append copies it).
+        """
+        table, tokens = self._table(seq_id), self._tokens[seq_id]
+        if isinstance(n_tokens, bool) or not isinstance(n_tokens, int) or not 1 <= n_tokens <= len(tokens):
+            raise ValueError(f"n_tokens must be an int in [1, {len(tokens)}] for sequence {seq_id!r}, got {n_tokens!r}")
+        keep = self.blocks_needed(n_tokens)
+        for block_id in reversed(table[keep:]):
+            self._release(block_id)
+        del table[keep:], tokens[n_tokens:], self._hashes[seq_id][n_tokens // self.block_size:]
+        tail = table[-1]
+        if n_tokens % self.block_size and self._refs[tail] == 1 and self.cache.is_cached(tail):
+            self.cache.unregister(tail)
 
     # ----- internals -----------------------------------------------------------------------
     def _table(self, seq_id: Hashable) -> list[int]:
@@ -226,6 +239,15 @@ class BlockManager:
             return self._tables[seq_id]
         except (KeyError, TypeError):
             raise ValueError(f"unknown sequence {seq_id!r}: allocate or fork it first") from None
+
+    def _release(self, block_id: int) -> None:
+        """Drop one reference; at zero the block is parked (cached) or returned to the free list."""
+        self._refs[block_id] -= 1
+        if self._refs[block_id] == 0:
+            if self.cache.is_cached(block_id):
+                self.cache.park(block_id)
+            else:
+                self._free.append(block_id)
 
     def _blocks_for_append(self, seq_id: Hashable) -> int:
         """1 when appending needs a block (full tail, or a shared partial tail to copy), else 0."""

@@ -66,6 +66,10 @@ class PrefixCache:
         self._hash_of[block_id] = block_hash
         return True
 
+    def unregister(self, block_id: int) -> None:
+        """`block_id` (referenced, not idle) is about to be overwritten: forget the prefix it named."""
+        del self._block_of[self._hash_of.pop(block_id)]
+
     def is_cached(self, block_id: int) -> bool:
         """Whether `block_id` holds a registered hash (live or idle)."""
         return block_id in self._hash_of

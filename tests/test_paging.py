@@ -254,6 +254,15 @@ class PagingMachine(RuleBasedStateMachine):
         self.m.free(seq)
         del self.tokens[seq]
 
+    @precondition(lambda self: self.tokens)
+    @rule(data=st.data())
+    def truncate(self, data):
+        """Drop a tail (rejected drafts); later appends must overwrite it without touching others."""
+        seq = data.draw(st.sampled_from(sorted(self.tokens)))
+        keep = data.draw(st.integers(1, len(self.tokens[seq])))
+        self.m.truncate(seq, keep)
+        del self.tokens[seq][keep:]
+
     @rule()
     def free_everything(self):
         for seq in list(self.tokens):
@@ -294,6 +303,14 @@ class PagingMachine(RuleBasedStateMachine):
                     assert block not in free
                     end = (i + 1) * self.m.block_size
                     assert self.pool[block * self.m.block_size + self.m.block_size - 1] == tuple(tokens[:end])
+
+
+    @invariant()
+    def every_cached_block_holds_the_prefix_its_hash_names(self):
+        """No stale entry: a truncated, rewritten block must have left the cache."""
+        for block_hash, block in list(self.m.cache._block_of.items()):
+            prefix = self.pool[block * self.m.block_size + self.m.block_size - 1]
+            assert full_block_hashes(list(prefix), self.m.block_size)[-1] == block_hash
 
 
 TestPagingMachine = PagingMachine.TestCase
