@@ -3,8 +3,8 @@
     python -m reference.bench speculative [--tokens 128] [--k 4] [--skip-layers 24]
                                           [--repeats 3] [--threads N] [--json PATH]
 
-Greedy decoding on SmolLM2-135M-Instruct, two chat tasks: (a) input-grounded (edit a given piece
-of code: the reply copies long spans of the prompt) and (b) open-ended (a story: little to copy).
+Greedy decoding on SmolLM2-135M-Instruct, two chat tasks: (a) input-grounded (correct the spelling
+of a given passage: the reply copies long spans of the prompt) and (b) open-ended (a story).
 For each task: plain KV-cached decoding (`reference.decoding.generate`), then speculative decoding
 with each drafter; tokens/s (new tokens / wall time of the call, prefill included, median of
 --repeats interleaved runs), the ratio to plain decoding, measured alpha, tokens per target pass
@@ -23,20 +23,15 @@ from reference.model import load_model
 from reference.speculative import speculative_generate
 from reference.threads import configure
 
-CODE = '''def moving_average(values, window):
-    result = []
-    total = 0.0
-    for i, value in enumerate(values):
-        total += value
-        if i >= window:
-            total -= values[i - window]
-        if i >= window - 1:
-            result.append(total / window)
-    return result'''
+PASSAGE = ("The lighthouse stood on a rocky iland at the edge of the bay. Every nigth its lamp turned "
+           "slowly, sending a beam of light acros the dark water so that ships coud find their way "
+           "home. The keeper climbed the stairs twice a day to clean the glass and wind the clockwork, "
+           "and in winter he often stayed awake untill dawn, listening to the storm and wathcing for "
+           "boats in trouble.")
 
 TASKS = {
-    "grounded": "Rename the variable `total` to `running_sum` in this Python function and return "
-                "the whole function:\n```python\n" + CODE + "\n```",
+    "grounded": "Correct the spelling mistakes in this paragraph and write out the corrected "
+                "paragraph:\n\n" + PASSAGE,
     "open": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
 }
 

@@ -3,7 +3,6 @@
 the cache invariant), and tree attention."""
 import copy
 import math
-from types import SimpleNamespace
 
 import pytest
 import torch
@@ -14,33 +13,7 @@ from reference.drafters import FirstLayers, ModelDrafter, PromptLookupDrafter, l
 from reference.model import build_tiny
 from reference.speculative import (acceptance_rate, expected_tokens, speculative_accept,
                                    speculative_generate, speedup, tree_attention_mask, verify_tree)
-
-
-class LengthCache:
-    """Enough of a KV cache for a model that ignores its context: a length and truncate."""
-
-    def __init__(self):
-        self.length = 0
-
-    def truncate(self, n):
-        assert 0 <= n <= self.length
-        self.length = n
-
-
-class TableModel:
-    """A toy bigram model: the distribution after token t is table[t] (rows sum to 1)."""
-
-    def __init__(self, table):
-        self.table = table
-        self.config = SimpleNamespace(vocab_size=table.shape[0], max_seq_len=10**7)
-
-    def new_cache(self, batch=1, max_len=None):
-        return LengthCache()
-
-    def __call__(self, input_ids, cache=None):
-        if cache is not None:
-            cache.length += input_ids.shape[1]
-        return self.table[input_ids].log()
+from reference.toy_lm import BigramModel, random_table
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -50,10 +23,6 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
-
-
-def random_table(vocab, gen, concentration=1.0):
-    return torch.distributions.Dirichlet(torch.full((vocab,), concentration)).sample((vocab,))
 
 
 def chi_square_p_value(counts, probs):
@@ -126,7 +95,7 @@ def test_generated_sequence_has_the_target_transition_law():
     transition of a long speculative run follows the target's filtered rows (chi-square per row)."""
     gen = torch.Generator().manual_seed(2)
     vocab, settings = 5, dict(temperature=0.8, top_k=4)
-    target, draft = (TableModel(random_table(vocab, gen, 2.0)) for _ in range(2))
+    target, draft = (BigramModel(random_table(vocab, gen, 2)) for _ in range(2))
     out, st = speculative_generate(target, draft, [0], 6_000, k=3, seed=3, **settings)
     seq = torch.tensor([0] + out)
     pairs = torch.zeros(vocab, vocab, dtype=torch.float64)
@@ -147,8 +116,8 @@ def test_measured_alpha_and_tokens_per_pass_match_the_formulas():
     """Context-free toys (every row the same): acceptances are independent with a known alpha."""
     gen = torch.Generator().manual_seed(4)
     vocab, k = 10, 3
-    p_row, q_row = random_table(vocab, gen, concentration=2.0)[:2]
-    target, draft = TableModel(p_row.expand(vocab, vocab)), TableModel(q_row.expand(vocab, vocab))
+    p_row, q_row = random_table(vocab, gen, concentration=2)[:2]
+    target, draft = BigramModel(p_row.expand(vocab, vocab)), BigramModel(q_row.expand(vocab, vocab))
     out, st = speculative_generate(target, draft, [0], 6_000, k=k, temperature=1.0, seed=5)
     alpha = acceptance_rate(p_row, q_row)
     assert abs(st.alpha_hat - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / st.checked)
@@ -256,11 +225,13 @@ def test_bad_requests_raise_one_line_errors():
     for kwargs in [dict(k=0), dict(k=2.5), dict(temperature=-1.0)]:
         with pytest.raises(ValueError):
             speculative_generate(target, PromptLookupDrafter(), [1, 2], 4, **kwargs)
-    small = TableModel(torch.full((4, 4), 0.25))
+    small = BigramModel(torch.full((4, 4), 0.25))
     with pytest.raises(ValueError, match="vocabulary"):
         speculative_generate(target, small, [1, 2], 4)
     with pytest.raises(TypeError):
         speculative_generate(target, object(), [1, 2], 4)
+    with pytest.raises(ValueError):
+        BigramModel(torch.ones(3, 4) / 4)
 
 
 # ---------------------------------------------------------------- tree attention
@@ -308,9 +279,9 @@ def test_real_model_greedy_output_is_unchanged_by_speculation():
 
     model, tok = load_model("smollm2-135m")
     prompt = tok.chat_ids("Repeat exactly: the quick brown fox jumps over the lazy dog.")
-    expected = generate(model, prompt, 12, stop_ids=tok.stop_ids)
-    for drafter, k in [(PromptLookupDrafter(), 4), (layer_skip_drafter(model, 24), 2)]:
-        out, st = speculative_generate(model, drafter, prompt, 12, k=k, stop_ids=tok.stop_ids)
+    expected = generate(model, prompt, 10, stop_ids=tok.stop_ids)
+    for drafter, k in [(PromptLookupDrafter(), 4), (layer_skip_drafter(model, 12), 2)]:
+        out, st = speculative_generate(model, drafter, prompt, 10, k=k, stop_ids=tok.stop_ids)
         assert out == expected, type(drafter).__name__
         assert st.target_passes <= len(expected) + 1
 
