@@ -155,4 +155,5 @@ def as_drafter(draft):
         return draft
     if hasattr(draft, "new_cache"):
         return ModelDrafter(draft)
-    raise TypeError(f"draft must be a drafter (reset, propose) or a model (new_cache), got {type(draft).__name__}")
+    raise TypeError(f"draft must be a drafter (reset, propose) or a model (new_cache), "
+                    f"got {type(draft).__name__}")

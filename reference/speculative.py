@@ -59,7 +59,8 @@ def speculative_accept(p: Tensor, q: Tensor, draft_token: int,
     The two paths add up to min(p, q) + max(0, p - q) = p: the emitted token is distributed as p.
     """
     if p.shape != q.shape or p.dim() != 1:
-        raise ValueError(f"p and q must be vectors of the same size, got {tuple(p.shape)} and {tuple(q.shape)}")
+        raise ValueError(f"p and q must be vectors of the same size, got {tuple(p.shape)} "
+                         f"and {tuple(q.shape)}")
     u = torch.rand((), generator=generator, dtype=torch.float64).item()
     if u * q[draft_token].item() < p[draft_token].item():  # u < p/q without dividing by q
         return True, draft_token
@@ -72,6 +73,13 @@ def speculative_accept(p: Tensor, q: Tensor, draft_token: int,
 def bonus_token(p: Tensor, generator: torch.Generator | None = None) -> int:
     """All k drafts accepted: the target's distribution after them, p_{k+1} [vocab], gives one more."""
     return int(torch.multinomial(p, 1, generator=generator))
+
+
+def one_hot(token: int, vocab: int) -> Tensor:
+    """The distribution [vocab] of a drafter that proposes `token` for certain."""
+    q = torch.zeros(vocab)
+    q[token] = 1.0
+    return q
 
 
 @dataclass
@@ -129,7 +137,8 @@ def speculative_generate(target, draft, prompt_ids: list[int], max_new_tokens: i
     drafter = as_drafter(draft)
     draft_vocab = getattr(getattr(draft, "config", None), "vocab_size", target.config.vocab_size)
     if draft_vocab != target.config.vocab_size:
-        raise ValueError(f"draft vocabulary ({draft_vocab}) differs from the target's ({target.config.vocab_size})")
+        raise ValueError(f"draft vocabulary ({draft_vocab}) differs from the target's "
+                         f"({target.config.vocab_size})")
     generator = torch.Generator()
     if seed is None:
         generator.seed()  # nondeterministic
@@ -156,7 +165,7 @@ def speculative_generate(target, draft, prompt_ids: list[int], max_new_tokens: i
         stats.proposed += len(drafts)
         new = []
         for i, token in enumerate(drafts):
-            q_i = q[i] if q is not None else torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).float()
+            q_i = q[i] if q is not None else one_hot(token, p.shape[-1])  # a deterministic draft
             accepted, token = speculative_accept(p[i], q_i, token, generator)
             stats.checked += 1
             stats.accepted += accepted
@@ -212,5 +221,6 @@ def verify_tree(model, cache, tree_ids: list[int], parents: list[int]) -> Tensor
         raise ValueError(f"{len(tree_ids)} tree tokens but {len(parents)} parents")
     prefix = cache.length
     positions = prefix + torch.tensor(tree_depths(parents), dtype=torch.long)
-    mask = torch.cat([torch.ones(len(parents), prefix, dtype=torch.bool), tree_attention_mask(parents)], dim=1)
+    seen_prefix = torch.ones(len(parents), prefix, dtype=torch.bool)
+    mask = torch.cat([seen_prefix, tree_attention_mask(parents)], dim=1)
     return run_layers(model, torch.tensor([tree_ids]), cache, model.config.n_layers, positions, mask)[0]
