@@ -21,7 +21,6 @@ from collections.abc import Callable
 
 import torch
 from torch import Tensor
-from torch.nn import functional as F
 
 from reference.kv_cache import KVCache
 
@@ -99,30 +98,6 @@ class ModelDrafter:
         return ids, torch.stack(probs)
 
 
-def run_layers(model, input_ids: Tensor, cache: KVCache | None, n_layers: int,
-               positions: Tensor | None = None, mask: Tensor | None = None) -> Tensor:
-    """`Llama.forward` through the first n_layers blocks only, then the final norm and the head.
-
-    input_ids [B, T] -> logits [B, T, vocab]. positions [T]: absolute positions (default: continue
-    the cache). mask: bool [T, cache.length + T] (True = key visible; default: causal, and none
-    for a single query). With n_layers = all layers, positions and mask at their defaults this
-    is exactly `model(input_ids, cache=cache)`. Uses the block call of reference/model.py.
-    """
-    T = input_ids.shape[1]
-    start = cache.length if cache is not None else 0
-    if positions is None:
-        positions = torch.arange(start, start + T, device=input_ids.device)
-    if mask is None and T > 1:
-        mask = torch.arange(start + T, device=input_ids.device)[None, :] <= positions[:, None]
-    cos2, sin2 = model.rope_cos[positions], model.rope_sin[positions]
-    with torch.inference_mode():
-        x = model.embed(input_ids)
-        for layer, block in enumerate(model.blocks[:n_layers]):
-            x = x + block.attn(block.attn_norm(x), cos2, sin2, mask, cache, layer)
-            x = x + block.mlp(block.mlp_norm(x))
-        return F.linear(model.norm(x), model.embed.weight).float()
-
-
 class FirstLayers:
     """The first n_layers blocks of `model`, its final norm and its tied head, as a model.
 
@@ -141,7 +116,7 @@ class FirstLayers:
                        cfg.head_dim, dtype=p.dtype, device=p.device)
 
     def __call__(self, input_ids: Tensor, cache: KVCache | None = None) -> Tensor:
-        return run_layers(self.model, input_ids, cache, self.n_layers)
+        return self.model(input_ids, cache=cache, num_layers=self.n_layers)
 
 
 def layer_skip_drafter(model, n_layers: int) -> ModelDrafter:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from reference.decoding import check_request, check_sampling, filtered_probs
-from reference.drafters import as_drafter, run_layers
+from reference.drafters import as_drafter
 
 
 def acceptance_rate(p: Tensor, q: Tensor) -> float:
@@ -223,4 +223,4 @@ def verify_tree(model, cache, tree_ids: list[int], parents: list[int]) -> Tensor
     positions = prefix + torch.tensor(tree_depths(parents), dtype=torch.long)
     seen_prefix = torch.ones(len(parents), prefix, dtype=torch.bool)
     mask = torch.cat([seen_prefix, tree_attention_mask(parents)], dim=1)
-    return run_layers(model, torch.tensor([tree_ids]), cache, model.config.n_layers, positions, mask)[0]
+    return model(torch.tensor([tree_ids]), positions, cache, mask=mask)[0]
