@@ -134,3 +134,47 @@ def composition_ladder(model, tokenizer, prompts: list[list[int]], max_tokens: l
         if row.outputs != expected[:len(row.outputs)]:
             raise RuntimeError(f"the {row.name} row returned different tokens from the cached loop")
     return rows
+
+
+def removed(previous: Row, row: Row) -> str:
+    """What `row`'s technique took away relative to `previous`, from the counters, in words."""
+    if row.name == "cached":
+        return f"{previous.positions_fed - row.positions_fed:,} recomputed positions"
+    if row.name == "batched":
+        return (f"{previous.model_calls - row.model_calls:,} passes over the weights "
+                f"({previous.calls_per_token:.2f} → {row.calls_per_token:.2f} per token)")
+    if row.name == "prefix cache":
+        return f"{row.prefix_reused - previous.prefix_reused:,} duplicated prefix positions"
+    if row.name == "continuous":
+        return f"{(previous.idle_slots or 0) - (row.idle_slots or 0):,} idle slot-steps"
+    if row.name == "speculative":
+        return f"{previous.model_calls - row.model_calls:,} target passes"
+    return "(the baseline)"
+
+
+_WHY_NOT_FASTER = {
+    "cached": "the loops are short here, so the naive loop's extra positions were cheap",
+    "batched": ("a step over several sequences costs more than a step over one when the processor "
+                "is busy computing rather than waiting for weights, and each engine step also pays "
+                "for its Python bookkeeping"),
+    "prefix cache": "the positions it saved were a small share of all the positions fed",
+    "continuous": ("with this few requests, refilling slots saved few steps, and a request admitted "
+                   "mid-flight adds its whole prompt to a decode step"),
+    "speculative": ("each verification feeds the draft as well as the newest token; where a step's "
+                    "cost grows with the positions it feeds, as on a CPU, the passes saved did not "
+                    "pay for the longer passes"),
+}
+
+
+def step_sentence(previous: Row, row: Row) -> str:
+    """One sentence on `row` against `previous`: the measured time ratio, worded from the data
+    (faster, slower or about the same), what the counters say was removed, and a reason when the
+    removal did not show up as time saved."""
+    from reference.prose import times_phrase
+
+    phrase = times_phrase(row.seconds / previous.seconds)
+    sentence = (f"**{row.name}** removed {removed(previous, row)} and was {phrase} than "
+                f"**{previous.name}** ({previous.seconds:.1f} s → {row.seconds:.1f} s)")
+    if phrase.endswith("faster"):
+        return sentence + "."
+    return sentence + f": {_WHY_NOT_FASTER.get(row.name, 'other work on the machine dominated')}."

@@ -76,3 +76,29 @@ def test_bad_workload_is_refused(tiny):
     model, tok = tiny
     with pytest.raises(ValueError, match="one max_tokens per prompt"):
         composition_ladder(model, tok, [[1, 2]], [3, 4])
+
+
+def _row(name, seconds, **counters):
+    from reference.composition import Row
+    base = {"new_tokens": 100, "model_calls": 100, "positions_fed": 500}
+    return Row(name, seconds, **{**base, **counters})
+
+
+@pytest.mark.parametrize("seconds, word", [(1.0, "faster"), (4.0, "slower"), (2.05, "about as fast")])
+def test_step_sentence_words_the_measured_direction(seconds, word):
+    from reference.composition import step_sentence
+    previous = _row("cached", 2.0)
+    row = _row("batched", seconds, model_calls=25)
+    sentence = step_sentence(previous, row)
+    assert word in sentence and "75 passes over the weights (1.00 → 0.25 per token)" in sentence
+    assert ("Python bookkeeping" in sentence) == (word != "faster")
+
+
+def test_removed_names_each_techniques_saving():
+    from reference.composition import removed
+    assert removed(_row("naive", 1), _row("cached", 1, positions_fed=120)) == "380 recomputed positions"
+    assert removed(_row("batched", 1), _row("prefix cache", 1, prefix_reused=48)) == \
+        "48 duplicated prefix positions"
+    assert removed(_row("prefix cache", 1, idle_slots=30), _row("continuous", 1, idle_slots=6)) == \
+        "24 idle slot-steps"
+    assert removed(_row("continuous", 1), _row("speculative", 1, model_calls=40)) == "60 target passes"
