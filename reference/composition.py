@@ -113,9 +113,10 @@ def composition_ladder(model, tokenizer, prompts: list[list[int]], max_tokens: l
     cached loop's (greedy decoding must not depend on how the work was scheduled)."""
     if len(prompts) != len(max_tokens) or not prompts:
         raise ValueError("give one max_tokens per prompt, and at least one prompt")
-    pool = {"block_size": block_size, "max_num_seqs": max_num_seqs,
-            "num_blocks": max_num_seqs * -(-max(len(p) + n for p, n in zip(prompts, max_tokens)) // block_size)
-            + -(-max(len(p) for p in prompts) // block_size) + 1}
+    longest = max(len(p) + n for p, n in zip(prompts, max_tokens))
+    # every slot holding the longest request, plus room for a prompt parked in the prefix cache
+    blocks = max_num_seqs * -(-longest // block_size) + -(-max(map(len, prompts)) // block_size) + 1
+    pool = {"block_size": block_size, "max_num_seqs": max_num_seqs, "num_blocks": blocks}
     rows = [loop_row("naive", model, prompts, max_tokens, use_cache=False, measure=naive_measure),
             loop_row("cached", model, prompts, max_tokens, use_cache=True)]
     rows.append(engine_row("batched", model, tokenizer, prompts, max_tokens, scheduling="static",
