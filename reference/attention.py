@@ -59,58 +59,82 @@ def repeat_kv(x: Tensor, group: int) -> Tensor:
 
 
 
+def block_slots(block_tables: Tensor, n_keys: int, block_size: int) -> Tensor:
+    """Pool slots of positions 0 .. n_keys-1 of each sequence: [B, n_keys] int64.
+
+    Position p of sequence b lives in slot block_tables[b, p // block_size] * block_size + p % block_size;
+    -1 padding in the table reads block 0 (the caller masks those keys out).
+    """
+    positions = torch.arange(n_keys, device=block_tables.device)
+    blocks = block_tables[:, positions // block_size].long().clamp_min(0)
+    return blocks * block_size + positions % block_size
+
+
 def gather_blocks(cache: Tensor, block_tables: Tensor, n_keys: int) -> Tensor:
     """Keys (or values) of positions 0 .. n_keys-1 of each sequence, read through its block table.
 
     cache: one layer of the paged pool [num_blocks, block_size, H_kv, D]; block_tables [B, M] int.
-    Position p of sequence b lives in slot block_tables[b, p // block_size] * block_size + p % block_size.
     Returns [B, n_keys, H_kv, D] (a copy; slots past a sequence's end hold whatever the pool holds).
     """
-    block_size = cache.shape[1]
-    positions = torch.arange(n_keys, device=cache.device)
-    blocks = block_tables[:, positions // block_size].long().clamp_min(0)   # -1 padding reads block 0
-    slots = blocks * block_size + positions % block_size                     # [B, n_keys]
-    return cache.reshape(-1, *cache.shape[2:])[slots]
+    return cache.reshape(-1, *cache.shape[2:])[block_slots(block_tables, n_keys, cache.shape[1])]
+
+
+class PagedPlan:
+    """What `paged_attention` needs that is the same in every layer of a step, computed once:
+    the query rows and key slots of the batched decodes, and per prefill chunk its rows, slots
+    and causal mask. Arguments as in `paged_attention`, plus the pool's block_size."""
+
+    def __init__(self, block_tables: Tensor, context_lens: Tensor, query_lens: list[int], block_size: int):
+        device = block_tables.device
+        starts = [0]
+        for n in query_lens:
+            starts.append(starts[-1] + n)
+        lens = [int(n) for n in context_lens.tolist()]
+        decode = [b for b, n in enumerate(query_lens) if n == 1]
+        self.decode_rows = self.decode_slots = self.decode_mask = None
+        if decode:
+            longest = max(lens[b] for b in decode)
+            self.decode_rows = torch.tensor([starts[b] for b in decode], device=device)
+            self.decode_slots = block_slots(block_tables[decode], longest, block_size)      # [B', L]
+            self.decode_mask = (torch.arange(longest, device=device)[None, :]
+                                < context_lens[decode, None])[:, None, None, :]          # [B', 1, 1, L]
+        self.chunks = []     # (first row, last row + 1, slots [L], mask [n, L]) per prefill chunk
+        for b, n in enumerate(query_lens):
+            if n > 1:
+                length = lens[b]
+                slots = block_slots(block_tables[b:b + 1], length, block_size)[0]
+                query_positions = torch.arange(length - n, length, device=device)
+                mask = torch.arange(length, device=device)[None, :] <= query_positions[:, None]
+                self.chunks.append((starts[b], starts[b + 1], slots, mask))
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
-                    context_lens: Tensor, query_lens: list[int]) -> Tensor:
+                    context_lens: Tensor, query_lens: list[int], plan: PagedPlan | None = None) -> Tensor:
     """Causal attention for ragged sequences whose keys and values sit in a paged pool.
 
     q [N, H, D]: the new queries of B sequences, concatenated (query_lens[b] of them for sequence
     b); they are the *last* query_lens[b] of that sequence's context_lens[b] positions, whose K/V
     are already in the pool. k_cache, v_cache [num_blocks, block_size, H_kv, D]; block_tables
-    [B, M]; context_lens [B]. Returns [N, H, D].
+    [B, M]; context_lens [B]. Returns [N, H, D]. plan: a `PagedPlan` of these arguments, to reuse
+    across layers (built here when None).
 
     Decode rows (one query each) run as one batched call over keys gathered to the longest
     context, padding masked out; each prefill chunk runs on its own (a Python loop over the few
     chunks of a step), so no query is padded to another sequence's length.
     """
+    plan = plan or PagedPlan(block_tables, context_lens, query_lens, k_cache.shape[1])
+    k_flat, v_flat = k_cache.reshape(-1, *k_cache.shape[2:]), v_cache.reshape(-1, *v_cache.shape[2:])
     out = torch.empty_like(q)
-    starts = [0]
-    for n in query_lens:
-        starts.append(starts[-1] + n)
-    lens = [int(n) for n in context_lens.tolist()]
-    decode = [b for b, n in enumerate(query_lens) if n == 1]
-    if decode:
-        rows = torch.tensor([starts[b] for b in decode], device=q.device)
-        tables = block_tables[decode]
-        longest = max(lens[b] for b in decode)
-        k = gather_blocks(k_cache, tables, longest).transpose(1, 2)         # [B', H_kv, L, D]
-        v = gather_blocks(v_cache, tables, longest).transpose(1, 2)
-        visible = torch.arange(longest, device=q.device)[None, :] < context_lens[decode, None]
-        o = F.scaled_dot_product_attention(q[rows][:, :, None], k, v, attn_mask=visible[:, None, None, :],
-                                           enable_gqa=True)                    # [B', H, 1, D]
-        out[rows] = o[:, :, 0]
-    for b, n in enumerate(query_lens):
-        if n == 1:
-            continue
-        length = lens[b]
-        k = gather_blocks(k_cache, block_tables[b:b + 1], length).transpose(1, 2)   # [1, H_kv, L, D]
-        v = gather_blocks(v_cache, block_tables[b:b + 1], length).transpose(1, 2)
-        query_positions = torch.arange(length - n, length, device=q.device)
-        mask = torch.arange(length, device=q.device)[None, :] <= query_positions[:, None]
-        chunk = q[starts[b]:starts[b + 1]].transpose(0, 1)[None]                   # [1, H, n, D]
+    if plan.decode_rows is not None:
+        k = k_flat[plan.decode_slots].transpose(1, 2)                  # [B', H_kv, L, D]
+        v = v_flat[plan.decode_slots].transpose(1, 2)
+        o = F.scaled_dot_product_attention(q[plan.decode_rows][:, :, None], k, v,
+                                           attn_mask=plan.decode_mask, enable_gqa=True)   # [B', H, 1, D]
+        out[plan.decode_rows] = o[:, :, 0]
+    for first, last, slots, mask in plan.chunks:
+        k = k_flat[slots].transpose(0, 1)[None]                        # [1, H_kv, L, D]
+        v = v_flat[slots].transpose(0, 1)[None]
+        chunk = q[first:last].transpose(0, 1)[None]                    # [1, H, n, D]
         o = F.scaled_dot_product_attention(chunk, k, v, attn_mask=mask, enable_gqa=True)
-        out[starts[b]:starts[b + 1]] = o[0].transpose(0, 1)
+        out[first:last] = o[0].transpose(0, 1)
     return out

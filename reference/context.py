@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from reference.attention import grouped_query_attention, paged_attention
+from reference.attention import PagedPlan, grouped_query_attention, paged_attention
 
 DENSE_BACKENDS = ("sdpa", "naive", "triton")
 PAGED_BACKENDS = ("torch", "triton")
@@ -113,6 +113,11 @@ class PagedContext:
             raise ValueError(f"unknown paged backend {self.backend!r}: choose one of {PAGED_BACKENDS}")
         self.rope_rows = self.positions
         self.decode_only = all(n == 1 for n in self.query_lens)
+        # Tokens to store and their slots, worked out once per step rather than once per layer.
+        stored = (self.slot_mapping >= 0).nonzero().squeeze(1)
+        self.stored_rows = None if len(stored) == len(self.slot_mapping) else stored
+        self.stored_slots = self.slot_mapping if self.stored_rows is None else self.slot_mapping[stored]
+        self.plan = PagedPlan(self.block_tables, self.context_lens, self.query_lens, self.k_pool.shape[2])
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q [1, N, H, D], k and v [1, N, H_kv, D] -> [1, N, H * D]."""
@@ -127,9 +132,9 @@ class PagedContext:
                                              check_values=False)
                 return out.reshape(1, q.shape[0], -1)
         else:
-            keep = self.slot_mapping >= 0
-            slots = self.slot_mapping[keep]
-            k_cache.view(-1, *k.shape[1:])[slots] = k[keep]
-            v_cache.view(-1, *v.shape[1:])[slots] = v[keep]
-        out = paged_attention(q, k_cache, v_cache, self.block_tables, self.context_lens, self.query_lens)
+            new_k, new_v = (k, v) if self.stored_rows is None else (k[self.stored_rows], v[self.stored_rows])
+            k_cache.view(-1, *k.shape[1:]).index_copy_(0, self.stored_slots, new_k)
+            v_cache.view(-1, *v.shape[1:]).index_copy_(0, self.stored_slots, new_v)
+        out = paged_attention(q, k_cache, v_cache, self.block_tables, self.context_lens, self.query_lens,
+                              self.plan)
         return out.reshape(1, q.shape[0], -1)

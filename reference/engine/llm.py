@@ -35,7 +35,9 @@ class LLMEngine:
     def __init__(self, model, tokenizer, *, block_size: int = 16, num_blocks: int | None = None,
                  max_num_seqs: int = 32, max_num_batched_tokens: int = 512,
                  enable_prefix_caching: bool = True, scheduling: str = "continuous",
-                 attention: str = "torch", kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES):
+                 attention: str = "torch", kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
+                 speculative: str | None = None, num_speculative_tokens: int = 4,
+                 speculative_draft_layers: int | None = None):
         for name, value in (("block_size", block_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -48,7 +50,12 @@ class LLMEngine:
             by_memory = kv_cache_bytes // ModelRunner.bytes_per_block(model, block_size)
             num_blocks = max(1, min(by_memory, -(-max_num_seqs * self.config.max_seq_len // block_size)))
         self.blocks = BlockManager(num_blocks, block_size, enable_prefix_caching)
-        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, scheduling)
+        self.speculator = None
+        if speculative is not None:
+            from reference.engine.speculation import Speculator
+            self.speculator = Speculator(model, speculative, num_speculative_tokens, speculative_draft_layers)
+        self.scheduler = Scheduler(self.blocks, max_num_seqs, max_num_batched_tokens, scheduling,
+                                   self.speculator.propose if self.speculator else None)
         self.runner = ModelRunner(model, num_blocks, block_size, attention)
         self.stop_ids = set(getattr(tokenizer, "stop_ids", []))
         self._ids = itertools.count()
@@ -122,11 +129,11 @@ class LLMEngine:
             self.runner.copy_blocks(self.scheduler.block_copies)
             logits = self.runner.run(batch, self.blocks)
             now = time.perf_counter()
-            for (seq, n), row in zip(batch, logits):
+            for (seq, n), rows in zip(batch, logits):
                 seq.num_computed += n
-                if seq.num_computed < seq.num_tokens:
+                if seq.num_computed < seq.num_tokens + len(seq.draft_ids):
                     continue                     # a prompt chunk that is not the last one
-                self._emit(seq, row, now)
+                self._emit(seq, rows, now)
                 advanced.append(seq)
                 if seq.status is Status.FINISHED:
                     finished.append(seq)
@@ -139,20 +146,31 @@ class LLMEngine:
         return [seq.output(decode) for seq in dict.fromkeys(advanced + finished)]
 
     def _emit(self, seq: Sequence, logits: torch.Tensor, now: float) -> None:
-        """Sample seq's next token and decide whether it has finished."""
+        """Pick seq's next token(s) from logits [1 + len(drafts), vocab] and decide whether it has
+        finished. With drafts, the acceptance test picks 1 to len(drafts) + 1 tokens, and the
+        slots of rejected drafts go back to the pool."""
         p = seq.params
-        token = sample_next(logits, p.temperature, None if p.top_k == -1 else p.top_k,
-                            None if p.top_p == 1.0 else p.top_p, seq.generator)
+        if seq.draft_ids:
+            n_before = seq.num_tokens
+            tokens = self.speculator.verify(seq, logits)
+            seq.num_computed = n_before + len(tokens) - 1   # last token + accepted drafts hold K/V
+            self.blocks.truncate(seq.request_id, seq.num_computed)
+        else:
+            tokens = [sample_next(logits[-1], p.temperature, None if p.top_k == -1 else p.top_k,
+                                  None if p.top_p == 1.0 else p.top_p, seq.generator)]
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = now
-        if token in self.stop_ids and not p.ignore_eos:
-            seq.finish("stop")                   # the end-of-text token is not part of the reply
-            return
-        seq.token_ids.append(token)
-        if p.stop and any(s in self.tokenizer.decode(seq.output_ids[-64:]) for s in p.stop_strings):
-            seq.finish("stop")
-        elif len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.config.max_seq_len:
-            seq.finish("length")
+        for token in tokens:
+            if token in self.stop_ids and not p.ignore_eos:
+                seq.finish("stop")               # the end-of-text token is not part of the reply
+                return
+            seq.token_ids.append(token)
+            if p.stop and any(s in self.tokenizer.decode(seq.output_ids[-64:]) for s in p.stop_strings):
+                seq.finish("stop")
+                return
+            if len(seq.output_ids) >= p.max_tokens or seq.num_tokens >= self.config.max_seq_len:
+                seq.finish("length")
+                return
 
     def _final_text(self, seq: Sequence) -> str:
         text = self.tokenizer.decode(seq.output_ids)
@@ -169,10 +187,12 @@ class LLMEngine:
     @property
     def stats(self) -> dict:
         """steps, preemptions, prefix cache hits / misses / hit rate, mean batch size, slot
-        utilisation (mean fraction of the max_num_seqs slots busy in a step)."""
+        utilisation (mean fraction of the max_num_seqs slots busy in a step); with speculation,
+        spec_rounds / spec_proposed / spec_checked / spec_accepted."""
         c, s = self.counters, self.scheduler
         steps = max(c["steps"], 1)
-        return {**c, "preemptions": s.preemptions, "prefix_hits": self.blocks.prefix_hits,
+        spec = {} if self.speculator is None else {f"spec_{k}": v for k, v in self.speculator.counters.items()}
+        return {**c, **spec, "preemptions": s.preemptions, "prefix_hits": self.blocks.prefix_hits,
                 "prefix_misses": self.blocks.prefix_misses, "prefix_hit_rate": self.blocks.hit_rate,
                 "mean_batch_size": c["sequences_stepped"] / steps,
                 "slot_utilisation": c["sequences_stepped"] / (steps * s.max_num_seqs),
@@ -182,7 +202,8 @@ class LLMEngine:
 class LLM:
     """`LLM(model="smollm2-135m" | "tiny" | a reference.model.Llama, tokenizer=..., **engine knobs)`;
     the knobs are `LLMEngine`'s (block_size, num_blocks, max_num_seqs, max_num_batched_tokens,
-    enable_prefix_caching, scheduling, attention, kv_cache_bytes)."""
+    enable_prefix_caching, scheduling, attention, kv_cache_bytes, speculative = None |
+    "prompt_lookup" | "layer_skip", num_speculative_tokens, speculative_draft_layers)."""
 
     def __init__(self, model="smollm2-135m", *, tokenizer=None, dtype: torch.dtype = torch.float32, **knobs):
         if isinstance(model, str):

@@ -39,18 +39,19 @@ class ModelRunner:
             self.v_pool[:, dst] = self.v_pool[:, src]
 
     @torch.inference_mode()
-    def run(self, batch: list[tuple[Sequence, int]], blocks: BlockManager) -> Tensor:
-        """Feed each (sequence, n) its next n tokens; return logits [B, vocab] (float32) at each
-        sequence's last fed token (meaningful where that token is the sequence's last)."""
+    def run(self, batch: list[tuple[Sequence, int]], blocks: BlockManager) -> list[Tensor]:
+        """Feed each (sequence, n) its next n tokens (its drafts included); return, per sequence,
+        logits [1 + len(drafts), vocab] (float32) at its last token and at each draft."""
         device = self.k_pool.device
-        tokens, positions, slots, tables, last_rows = [], [], [], [], []
+        tokens, positions, slots, tables, rows, counts = [], [], [], [], [], []
         for seq, n in batch:
             start = seq.num_computed
-            tokens += seq.token_ids[start:start + n]
+            tokens += [seq.token_at(p) for p in range(start, start + n)]
             positions += range(start, start + n)
             slots += blocks.slot_mapping(seq.request_id, start, start + n)
             tables.append(blocks.block_table(seq.request_id))
-            last_rows.append(len(tokens) - 1)
+            counts.append(1 + len(seq.draft_ids))
+            rows += range(len(tokens) - counts[-1], len(tokens))
         width = max(len(t) for t in tables)
         block_tables = torch.tensor([t + [-1] * (width - len(t)) for t in tables], dtype=torch.int32, device=device)
         context = PagedContext(
@@ -60,4 +61,5 @@ class ModelRunner:
             context_lens=torch.tensor([seq.num_computed + n for seq, n in batch], dtype=torch.int32, device=device),
             block_tables=block_tables, k_pool=self.k_pool, v_pool=self.v_pool, backend=self.attention)
         ids = torch.tensor([tokens], device=device)
-        return self.model(ids, context=context, logits_rows=torch.tensor(last_rows, device=device))[0]
+        logits = self.model(ids, context=context, logits_rows=torch.tensor(rows, device=device))[0]
+        return list(logits.split(counts))

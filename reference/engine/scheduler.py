@@ -14,6 +14,7 @@ running and serves that batch until all of it has finished.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable
 
 from reference.engine.sequence import Sequence, Status
 from reference.paging import BlockManager, OutOfBlocks
@@ -23,13 +24,14 @@ SCHEDULING = ("continuous", "static")
 
 class Scheduler:
     def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
-                 scheduling: str = "continuous"):
+                 scheduling: str = "continuous", propose: Callable[[Sequence, int], None] | None = None):
         if scheduling not in SCHEDULING:
             raise ValueError(f"scheduling must be one of {SCHEDULING}, got {scheduling!r}")
         self.blocks = blocks
         self.max_num_seqs = max_num_seqs
         self.max_num_batched_tokens = max_num_batched_tokens
         self.scheduling = scheduling
+        self.propose = propose      # speculative decoding: propose(seq, room) sets seq.draft_ids
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
@@ -69,12 +71,18 @@ class Scheduler:
     # ----- internals -----------------------------------------------------------------------
     def _schedule_running(self, budget: int) -> tuple[list[tuple[Sequence, int]], int]:
         batch = []
-        for seq in [s for s in self.running if s.tokens_to_feed == 1]:   # decodes first
+        decodes = [s for s in self.running if s.tokens_to_feed == 1]
+        spare = budget - len(decodes)                     # tokens left for drafts and prompts
+        for seq in decodes:                               # decodes first
             if seq.status is not Status.RUNNING:
                 continue                                  # preempted by an earlier decode
+            if self.propose is not None:
+                self.propose(seq, max(spare, 0))
             if self._reserve_decode(seq):
-                batch.append((seq, 1))
-                budget -= 1
+                n = 1 + len(seq.draft_ids)
+                batch.append((seq, n))
+                budget -= n
+                spare -= n - 1
         for seq in [s for s in self.running if s.tokens_to_feed > 1]:    # unfinished prompts
             n = self._reserve(seq, min(seq.tokens_to_feed, max(budget, 0)))
             if n > 0:
@@ -84,7 +92,15 @@ class Scheduler:
         return sorted(batch, key=lambda item: order[id(item[0])]), budget
 
     def _reserve_decode(self, seq: Sequence) -> bool:
-        """Make room for one token, preempting later sequences if needed; False if seq itself went."""
+        """Make room for one token (and its drafts if blocks allow), preempting later sequences
+        if the token itself has no room; False if seq itself went."""
+        if seq.draft_ids:
+            try:
+                self._grow_to(seq, seq.num_tokens + len(seq.draft_ids))
+                return True
+            except OutOfBlocks:   # no room for the drafts: hand back what they took, decode plainly
+                self.blocks.truncate(seq.request_id, min(self.blocks.num_tokens(seq.request_id), seq.num_tokens))
+                seq.draft_ids, seq.draft_probs = [], None
         while True:
             try:
                 self._grow_to(seq, seq.num_tokens)
@@ -111,7 +127,7 @@ class Scheduler:
     def _grow_to(self, seq: Sequence, n_tokens: int) -> None:
         """Give tokens up to position n_tokens - 1 a slot (raises OutOfBlocks when the pool is dry)."""
         for position in range(self.blocks.num_tokens(seq.request_id), n_tokens):
-            copy = self.blocks.append_token(seq.request_id, seq.token_ids[position])
+            copy = self.blocks.append_token(seq.request_id, seq.token_at(position))
             if copy is not None:
                 self.block_copies.append(copy)
 
@@ -147,5 +163,6 @@ class Scheduler:
         self.blocks.free(seq.request_id)
         seq.status = Status.WAITING
         seq.num_computed = 0
+        seq.draft_ids, seq.draft_probs = [], None
         self.waiting.appendleft(seq)
         self.preemptions += 1

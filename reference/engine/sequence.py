@@ -35,6 +35,9 @@ class Sequence:
         self.status = Status.WAITING
         self.finish_reason: str | None = None
         self.text = ""
+        self.drafter = None                        # speculative decoding: this request's drafter,
+        self.draft_ids: list[int] = []             # the tokens it proposed for the next step,
+        self.draft_probs: torch.Tensor | None = None   # and their distributions (None: one-hot)
         self.metrics = RequestMetrics(time.perf_counter() if arrival_time is None else arrival_time)
         self.generator = torch.Generator()
         if params.seed is None:
@@ -53,6 +56,11 @@ class Sequence:
     @property
     def tokens_to_feed(self) -> int:
         return self.num_tokens - self.num_computed
+
+    def token_at(self, position: int) -> int:
+        """Token at a position of the sequence followed by its drafts."""
+        n = self.num_tokens
+        return self.token_ids[position] if position < n else self.draft_ids[position - n]
 
     def finish(self, reason: str) -> None:
         self.status = Status.FINISHED
