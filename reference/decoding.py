@@ -47,22 +47,36 @@ def naive_work(prompt_len: int, n_new: int) -> tuple[int, int]:
     return projected, cells
 
 
+def filtered_probs(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
+                   top_p: float | None = None) -> Tensor:
+    """The distribution a token is drawn from: logits [..., vocab] -> probabilities [..., vocab].
+
+    Temperature 0 is greedy: all the mass on the argmax (the first one on a tie). Otherwise the
+    logits are divided by the temperature, top_k keeps the k largest, and top_p keeps the
+    smallest prefix (by probability) whose mass reaches top_p; the rest is renormalised.
+    """
+    if temperature == 0.0:
+        return torch.nn.functional.one_hot(logits.argmax(-1), logits.shape[-1]).float()
+    logits = logits.float() / temperature
+    if top_k is not None:
+        kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[..., -1:]
+        logits = logits.masked_fill(logits < kth, float("-inf"))
+    probs = torch.softmax(logits, dim=-1)
+    if top_p is not None:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest prefix whose mass reaches top_p (always at least one token)
+        drop = sorted_probs.cumsum(-1) - sorted_probs >= top_p
+        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
+        probs = probs / probs.sum(-1, keepdim=True)
+    return probs
+
+
 def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = None,
                 top_p: float | None = None, generator: torch.Generator | None = None) -> int:
     """Pick the next token id from logits [vocab]: greedy at temperature 0, else sampled."""
     if temperature == 0.0:
         return int(logits.argmax())
-    logits = logits.float() / temperature
-    if top_k is not None:
-        kth = torch.topk(logits, min(top_k, logits.numel())).values[-1]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if top_p is not None:
-        sorted_probs, order = probs.sort(descending=True)
-        # keep the smallest prefix whose mass reaches top_p (always at least one token)
-        drop = sorted_probs.cumsum(0) - sorted_probs >= top_p
-        probs = probs.scatter(0, order[drop], 0.0)
-        probs = probs / probs.sum()
+    probs = filtered_probs(logits, temperature, top_k, top_p)
     return int(torch.multinomial(probs, 1, generator=generator))
 
 

@@ -1,0 +1,200 @@
+"""Grader for exercises/ch10_speculative_decoding.ipynb.
+
+Expected values come from ``reference.speculative`` and ``reference.decoding`` in the grader
+process, on inputs drawn from ``torch.Generator().manual_seed(seed)``. Wrong answers are compared
+with what the usual slips produce (the token-matching rule, resampling from p, no bonus token,
+parent-only or causal masks) and the message names the slip that matches.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from autograder.feedback import assert_close, assert_equal, assert_equal_tokens
+from autograder.inputs import generator, randint
+from autograder.plugin import exercise
+from autograder.refs import CacheRef, ModelRef
+from reference import speculative as ref
+from reference.decoding import generate
+from reference.model import build_tiny
+
+
+def _distributions(gen, vocab: int, sparse: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two probability vectors [vocab]; `sparse` zeroes a few entries of each (as top-k does)."""
+    logits = torch.randn(2, vocab, generator=gen, dtype=torch.float64) * 1.5
+    if sparse:
+        logits[torch.rand(2, vocab, generator=gen) < 0.3] = -math.inf
+        logits[:, 0] = 0.0  # at least one entry survives in each
+    return tuple(torch.softmax(logits, -1).float())
+
+
+def _number(value, call: str) -> float:
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise AssertionError(f"{call} returned {value!r}; expected a float")
+    return float(value)
+
+
+def _judge(call: str, got: float, expected: float, slips: list[tuple[float, str]], rule: str) -> None:
+    if math.isclose(got, expected, rel_tol=1e-5, abs_tol=1e-6):
+        return
+    for value, advice in slips:
+        if math.isclose(got, value, rel_tol=1e-5, abs_tol=1e-6) and not math.isclose(value, expected, abs_tol=1e-6):
+            raise AssertionError(f"{call} returned {got:.6g}, expected {expected:.6g}: {advice}")
+    raise AssertionError(f"{call} returned {got:.6g}, expected {expected:.6g}. {rule}")
+
+
+# ------------------------------------------------------------------------- acceptance_rate
+
+@exercise("acceptance_rate", points=2)
+def test_acceptance_rate_is_the_overlap_of_p_and_q(learner, seed):
+    gen = generator(seed)
+    for sparse in (False, True, True):
+        p, q = _distributions(gen, randint(gen, 4, 60), sparse)
+        got = _number(learner.call("acceptance_rate", p, q), "acceptance_rate(p, q)")
+        p64, q64 = p.double(), q.double()
+        _judge("acceptance_rate(p, q)", got, ref.acceptance_rate(p, q), [
+            (float((p64 * q64).sum()), "that is the chance that a draw from p EQUALS a draw from q "
+                                       "(the token-matching rule); the rejection test accepts x with "
+                                       "probability min(1, p(x)/q(x)), so alpha = sum min(p, q)"),
+            (float(torch.maximum(p64, q64).sum()), "max instead of min"),
+            (float(0.5 * (p64 - q64).abs().sum()), "that is the total-variation distance; alpha = 1 - TV")],
+            "alpha = sum over the vocabulary of min(p(x), q(x))")
+    _judge("acceptance_rate(p, p)", _number(learner.call("acceptance_rate", p, p), "acceptance_rate(p, p)"),
+           1.0, [], "a draft equal to the target is always accepted: alpha = 1")
+
+
+# ------------------------------------------------------------------------- expected_tokens
+
+@exercise("expected_tokens", points=2)
+def test_expected_tokens_counts_the_accepted_drafts_and_one_more(learner, seed):
+    gen = generator(seed)
+    cases = [(0.8, 5), (1.0, randint(gen, 1, 8)), (0.0, randint(gen, 1, 8))]
+    cases += [(float(torch.rand((), generator=gen)), randint(gen, 1, 10)) for _ in range(3)]
+    for alpha, k in cases:
+        call = f"expected_tokens({alpha:.4g}, {k})"
+        got = _number(learner.call("expected_tokens", alpha, k), call)
+        no_bonus = sum(alpha ** j for j in range(k))
+        _judge(call, got, ref.expected_tokens(alpha, k), [
+            (no_bonus, "the target's own token is missing: every pass adds one token after the "
+                       "accepted drafts (the correction, or the bonus when all k pass), so the sum "
+                       "runs over alpha^0 .. alpha^k"),
+            (float(k * alpha), "k * alpha assumes every draft is tested; after the first rejection "
+                               "the rest are discarded")],
+            "E[tokens] = 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha), and k + 1 at alpha = 1")
+
+
+# --------------------------------------------------------------------- accept_and_residual
+
+@exercise("accept_and_residual", points=3)
+def test_accept_probability_and_residual_make_the_target_distribution(learner, seed):
+    gen = generator(seed)
+    for sparse in (False, True, True):
+        p, q = _distributions(gen, randint(gen, 5, 40), sparse)
+        support = torch.nonzero(q > 0).flatten()
+        x = int(support[randint(gen, 0, len(support) - 1)])
+        result = learner.call("accept_and_residual", p, q, x)
+        if not (isinstance(result, (tuple, list)) and len(result) == 2):
+            raise AssertionError("accept_and_residual must return a pair (accept_probability, residual)")
+        accept, residual = result
+        call = f"accept_and_residual(p, q, {x})"
+        _judge(f"the accept probability of {call}", _number(accept, call),
+               min(1.0, float(p[x]) / float(q[x])),
+               [(float(p[x]), "p(x) is the chance that a token drawn from the target matches x "
+                              "(the token-matching rule): it accepts too rarely where q(x) < p(x) and "
+                              "the output is not distributed as p")],
+               "accept x with probability min(1, p(x) / q(x))")
+        expected = (p - q).clamp_min(0.0)
+        expected = expected / expected.sum()
+        hint = "the residual is max(0, p - q) divided by its sum"
+        if isinstance(residual, torch.Tensor) and residual.shape == p.shape:
+            if torch.allclose(residual.double(), p.double(), atol=1e-6):
+                hint = ("this is p itself: resampling from p after a rejection counts the mass "
+                        "min(p, q) twice; draw from max(0, p - q), normalised")
+            elif torch.allclose(residual.double(), (p - q).clamp_min(0.0).double(), atol=1e-6):
+                hint = "max(0, p - q) must be normalised to sum to 1"
+        assert_close(residual, expected, name=f"the residual of {call}", rtol=1e-4, atol=1e-6, hint=hint)
+
+
+# ---------------------------------------------------------------------- tree_attention_mask
+
+def _random_tree(gen, n: int) -> list[int]:
+    return [-1] + [randint(gen, 0, i - 1) for i in range(1, n)]
+
+
+@exercise("tree_attention_mask", points=2)
+def test_tree_mask_shows_each_node_its_ancestors(learner, seed):
+    gen = generator(seed)
+    for parents in ([-1, 0, 0, 1, 1, 2], _random_tree(gen, randint(gen, 6, 12)), [-1, 0, 1, 2]):
+        got = learner.call("tree_attention_mask", list(parents))
+        expected = ref.tree_attention_mask(list(parents))
+        if isinstance(got, torch.Tensor) and got.shape == expected.shape and not torch.equal(got.bool(), expected):
+            parent_only = torch.eye(len(parents), dtype=torch.bool)
+            for i, parent in enumerate(parents):
+                if parent >= 0:
+                    parent_only[i, parent] = True
+            if torch.equal(got.bool(), parent_only):
+                raise AssertionError(f"parents={parents}: each node sees only itself and its parent; "
+                                     "it must see the whole path to the root (grandparents too)")
+            if torch.equal(got.bool(), torch.ones_like(expected).tril()):
+                raise AssertionError(f"parents={parents}: this is the causal mask; a node must not see "
+                                     "earlier nodes of other branches, only its own ancestors")
+        assert_equal(got.tolist() if isinstance(got, torch.Tensor) else got,
+                     expected.tolist(), name=f"tree_attention_mask({parents})",
+                     hint="mask[i][j] is True when j is i or an ancestor of i")
+
+
+# --------------------------------------------------------------------- speculative_generate
+
+def _run(learner, seed: int, draft_seed: int, prompt: list[int], n_new: int, k: int):
+    """The learner's tokens, and the forwards it ran into the target's cache (grader-side)."""
+    before = max(learner.store.objects, default=0)
+    max_len = len(prompt) + n_new + k + 1
+    got = learner.call("speculative_generate", ModelRef("tiny", seed), ModelRef("tiny", draft_seed),
+                       list(prompt), n_new, k, CacheRef(seed, max_len), CacheRef(draft_seed, max_len))
+    new_caches = sorted(key for key, kind in learner.store.kinds.items() if kind == "cache" and key > before)
+    if any(f.cache is None for f in learner.trace):
+        raise AssertionError("a forward ran without a cache: pass cache=target_cache or "
+                             "cache=draft_cache to every model call")
+    return (list(got) if isinstance(got, tuple) else got), [f for f in learner.trace if f.cache == new_caches[0]]
+
+
+@exercise("speculative_generate", points=10, timeout=60)
+def test_speculative_generate_equals_greedy_decoding(learner, seed):
+    """Output equal to the target's greedy tokens with a draft that always agrees (the bonus
+    path) and one that rarely does (the rejection and rollback path)."""
+    gen = generator(seed)
+    target = build_tiny(seed)
+    for draft_seed in (seed, seed + 1):
+        prompt = torch.randint(0, 256, (randint(gen, 3, 9),), generator=gen).tolist()
+        n_new, k = randint(gen, 10, 16), randint(gen, 2, 4)
+        got, _ = _run(learner, seed, draft_seed, prompt, n_new, k)
+        what = "a draft equal to the target" if draft_seed == seed else "a different draft"
+        assert_equal_tokens(got, generate(target, prompt, n_new),
+                            name=f"speculative_generate with {what}, k={k}",
+                            hint="after each verification cut the target's cache back to the kept "
+                                 "tokens (cache.truncate): the keys of rejected drafts must not stay")
+
+
+@exercise("speculative_generate", points=10, timeout=60)
+def test_speculative_generate_verifies_k_drafts_per_target_pass(learner, seed):
+    """With a draft equal to the target every draft is accepted: each target pass must emit
+    k + 1 tokens (k drafts and the bonus), so (k + 1)^2 tokens take k + 1 passes and a prefill."""
+    gen = generator(seed + 1)
+    prompt = torch.randint(0, 256, (randint(gen, 3, 9),), generator=gen).tolist()
+    k = randint(gen, 2, 3)
+    n_new = (k + 1) ** 2
+    got, target_forwards = _run(learner, seed, seed, prompt, n_new, k)
+    assert_equal_tokens(got, generate(build_tiny(seed), prompt, n_new),
+                        name=f"speculative_generate with a draft equal to the target, k={k}")
+    _, stats = ref.speculative_generate(build_tiny(seed), build_tiny(seed), prompt, n_new, k=k)
+    if len(target_forwards) > stats.target_passes + 1:
+        raise AssertionError(
+            f"{len(target_forwards)} target forwards for {n_new} tokens with k={k} and a draft that "
+            f"always agrees, where a prefill and {stats.target_passes} passes suffice: when all k "
+            "drafts are accepted the same pass also gives the bonus token (the target's argmax "
+            "after the last draft)")
+    if any(f.shape[-1] > k + 1 for f in target_forwards[1:]):
+        raise AssertionError(f"a target pass fed more than k + 1 = {k + 1} positions")

@@ -1,0 +1,101 @@
+"""Speculative decoding benchmark (chapter 10), side by side in one process.
+
+    python -m reference.bench speculative [--tokens 128] [--k 4] [--skip-layers 24]
+                                          [--repeats 3] [--threads N] [--json PATH]
+
+Greedy decoding on SmolLM2-135M-Instruct, two chat tasks: (a) input-grounded (correct the spelling
+of a given passage: the reply copies long spans of the prompt) and (b) open-ended (a story).
+For each task: plain KV-cached decoding (`reference.decoding.generate`), then speculative decoding
+with each drafter; tokens/s (new tokens / wall time of the call, prefill included, median of
+--repeats interleaved runs), the ratio to plain decoding, measured alpha, tokens per target pass
+and whether the output equals plain decoding's token for token (it must).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from reference.decoding import generate
+from reference.drafters import PromptLookupDrafter, layer_skip_drafter
+from reference.model import load_model
+from reference.speculative import speculative_generate
+from reference.threads import configure
+
+PASSAGE = ("The lighthouse stood on a rocky iland at the edge of the bay. Every nigth its lamp turned "
+           "slowly, sending a beam of light acros the dark water so that ships coud find their way "
+           "home. The keeper climbed the stairs twice a day to clean the glass and wind the clockwork, "
+           "and in winter he often stayed awake untill dawn, listening to the storm and wathcing for "
+           "boats in trouble.")
+
+TASKS = {
+    "grounded": "Correct the spelling mistakes in this paragraph and write out the corrected "
+                "paragraph:\n\n" + PASSAGE,
+    "open": "Write a short story about a lighthouse keeper who finds a message in a bottle.",
+}
+
+
+def drafters(model, skip_layers: int) -> dict:
+    return {"prompt lookup": PromptLookupDrafter(max_ngram=3),
+            f"layer skip ({skip_layers}/{model.config.n_layers})": layer_skip_drafter(model, skip_layers)}
+
+
+def run_task(model, tok, prompt: str, args) -> list[dict]:
+    """Rows for one task: plain decoding first, then one per drafter."""
+    ids, stop = tok.chat_ids(prompt), tok.stop_ids
+    plain_times, spec_runs = [], {name: [] for name in drafters(model, args.skip_layers)}
+    for _ in range(args.repeats):  # interleaved, so that a burst of load hits every row
+        start = time.perf_counter()
+        plain = generate(model, ids, args.tokens, stop_ids=stop)
+        plain_times.append(time.perf_counter() - start)
+        for name, drafter in drafters(model, args.skip_layers).items():
+            spec_runs[name].append(speculative_generate(model, drafter, ids, args.tokens, k=args.k, stop_ids=stop))
+    plain_speed = len(plain) / statistics.median(plain_times)
+    rows = [dict(drafter="none (plain decoding)", tokens=len(plain), tok_s=plain_speed, ratio=1.0,
+                 alpha=None, tokens_per_pass=1.0, same=True, prompt_tokens=len(ids))]
+    for name, runs in spec_runs.items():
+        out, st = runs[0]
+        speed = st.new_tokens / statistics.median(s.seconds for _, s in runs)
+        rows.append(dict(drafter=name, tokens=st.new_tokens, tok_s=speed, ratio=speed / plain_speed,
+                         alpha=st.alpha_hat, tokens_per_pass=st.tokens_per_pass,
+                         draft_share=st.draft_seconds / st.seconds, same=all(o == plain for o, _ in runs),
+                         prompt_tokens=len(ids)))
+    return rows
+
+
+def print_table(results: dict) -> None:
+    header = (f"{'task':<9} {'drafter':<22} {'new':>4} {'tok/s':>7} {'vs plain':>9} "
+              f"{'alpha':>6} {'tok/pass':>9} {'draft time':>11} {'same':>5}")
+    print(header + "\n" + "-" * len(header))
+    for task, rows in results.items():
+        for r in rows:
+            alpha = f"{r['alpha']:6.2f}" if r["alpha"] is not None else f"{'-':>6}"
+            share = f"{r['draft_share']:11.0%}" if "draft_share" in r else f"{'-':>11}"
+            print(f"{task:<9} {r['drafter']:<22} {r['tokens']:>4} {r['tok_s']:7.1f} {r['ratio']:8.2f}x "
+                  f"{alpha} {r['tokens_per_pass']:9.2f} {share} {'yes' if r['same'] else 'NO':>5}", flush=True)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m reference.bench speculative",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, default=128, help="new tokens per run (fewer if the reply ends)")
+    parser.add_argument("--k", type=int, default=4, help="draft tokens per target pass")
+    parser.add_argument("--skip-layers", type=int, default=24, help="layers the layer-skip drafter keeps")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row (median)")
+    parser.add_argument("--threads", type=int, default=None, help="default: the cores free now")
+    parser.add_argument("--json", default=None, help="also write the rows to this file")
+    args = parser.parse_args(argv)
+    threads = configure(args.threads)
+    model, tok = load_model("smollm2-135m")
+    generate(model, tok.chat_ids("Hi"), 4)  # warm-up: allocator, thread pool
+    print(f"threads: {threads}   k: {args.k}   greedy, up to {args.tokens} new tokens, "
+          f"median of {args.repeats}\n")
+    results = {task: run_task(model, tok, prompt, args) for task, prompt in TASKS.items()}
+    print_table(results)
+    print("\nalpha = accepted / checked drafts; tok/pass = new tokens / target forward passes; "
+          "draft time = share of the wall time spent drafting; same = output equals plain decoding's.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(dict(threads=threads, k=args.k, tokens=args.tokens, repeats=args.repeats,
+                           tasks=TASKS, results=results), f, indent=1)
