@@ -102,3 +102,10 @@ def test_removed_names_each_techniques_saving():
     assert removed(_row("prefix cache", 1, idle_slots=30), _row("continuous", 1, idle_slots=6)) == \
         "24 idle slot-steps"
     assert removed(_row("continuous", 1), _row("speculative", 1, model_calls=40)) == "60 target passes"
+
+
+def test_the_speculative_row_returns_the_same_tokens_and_its_draft_counters(ladder):
+    spec = ladder["speculative"]
+    assert spec.outputs == ladder["cached"].outputs
+    assert spec.extra["spec_proposed"] >= spec.extra["spec_checked"] >= spec.extra["spec_accepted"] >= 0
+    assert spec.new_tokens == ladder["continuous"].new_tokens
