@@ -159,8 +159,9 @@ _WHY_NOT_FASTER = {
                 "is busy computing rather than waiting for weights, and each engine step also pays "
                 "for its Python bookkeeping"),
     "prefix cache": "the positions it saved were a small share of all the positions fed",
-    "continuous": ("with this few requests, refilling slots saved few steps, and a request admitted "
-                   "mid-flight adds its whole prompt to a decode step"),
+    "continuous": ("fewer steps are not less time when the steps get longer: a request admitted "
+                   "mid-flight adds its whole prompt to a decode step, and with this few requests "
+                   "other work on the machine moves times of this size"),
     "speculative": ("each verification feeds the draft as well as the newest token; where a step's "
                     "cost grows with the positions it feeds, as on a CPU, the passes saved did not "
                     "pay for the longer passes"),
