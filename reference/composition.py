@@ -153,19 +153,25 @@ def removed(previous: Row, row: Row) -> str:
     return "(the baseline)"
 
 
-_WHY_NOT_FASTER = {
-    "cached": "the loops are short here, so the naive loop's extra positions were cheap",
-    "batched": ("a step over several sequences costs more than a step over one when the processor "
-                "is busy computing rather than waiting for weights, and each engine step also pays "
-                "for its Python bookkeeping"),
-    "prefix cache": "the positions it saved were a small share of all the positions fed",
-    "continuous": ("fewer steps are not less time when the steps get longer: a request admitted "
-                   "mid-flight adds its whole prompt to a decode step, and with this few requests "
-                   "other work on the machine moves times of this size"),
-    "speculative": ("each verification feeds the draft as well as the newest token; where a step's "
-                    "cost grows with the positions it feeds, as on a CPU, the passes saved did not "
-                    "pay for the longer passes"),
-}
+def _why_not_faster(previous: Row, row: Row) -> str:
+    """Why a removal did not show up as time saved, in terms of this run's counters."""
+    if row.name == "batched":
+        return ("a step over several sequences costs more than a step over one when the processor is "
+                "busy computing rather than waiting for weights, and each engine step also pays for "
+                "its Python bookkeeping")
+    if row.name == "prefix cache":
+        return (f"the {row.prefix_reused - previous.prefix_reused:,} positions it saved were all prompt "
+                f"positions, fed in the first steps; the decode steps, most of the {row.model_calls} "
+                "steps, did the same work as before")
+    if row.name == "continuous":
+        return ("fewer steps are not less time when the steps get longer: a request admitted "
+                "mid-flight adds its whole prompt to a decode step, and with this few requests other "
+                "work on the machine moves times of this size")
+    if row.name == "speculative":
+        return (f"each verification feeds the draft as well as the newest token ({row.positions_fed:,} "
+                f"positions fed against {previous.positions_fed:,}); where a step's cost grows with the "
+                "positions it feeds, as on a CPU, the passes saved did not pay for the longer passes")
+    return "other work on the machine moved the times more than the technique did"
 
 
 def step_sentence(previous: Row, row: Row) -> str:
@@ -175,8 +181,9 @@ def step_sentence(previous: Row, row: Row) -> str:
     from reference.prose import times_phrase
 
     phrase = times_phrase(row.seconds / previous.seconds)
-    sentence = (f"**{row.name}** removed {removed(previous, row)} and was {phrase} than "
+    than = "as" if phrase == "about as fast" else "than"
+    sentence = (f"**{row.name}** removed {removed(previous, row)} and was {phrase} {than} "
                 f"**{previous.name}** ({previous.seconds:.1f} s → {row.seconds:.1f} s)")
     if phrase.endswith("faster"):
         return sentence + "."
-    return sentence + f": {_WHY_NOT_FASTER.get(row.name, 'other work on the machine dominated')}."
+    return sentence + f": {_why_not_faster(previous, row)}."

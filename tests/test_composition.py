@@ -92,6 +92,15 @@ def test_step_sentence_words_the_measured_direction(seconds, word):
     sentence = step_sentence(previous, row)
     assert word in sentence and "75 passes over the weights (1.00 → 0.25 per token)" in sentence
     assert ("Python bookkeeping" in sentence) == (word != "faster")
+    assert ("about as fast as **cached**" in sentence) == (word == "about as fast")
+
+
+def test_the_reasons_quote_this_runs_counters():
+    from reference.composition import step_sentence
+    prefix = step_sentence(_row("batched", 1.0), _row("prefix cache", 1.0, prefix_reused=48))
+    assert "the 48 positions it saved were all prompt positions" in prefix and "of the 100 steps" in prefix
+    spec = step_sentence(_row("continuous", 1.0), _row("speculative", 2.0, positions_fed=640))
+    assert "2.0× slower" in spec and "640 positions fed against 500" in spec
 
 
 def test_removed_names_each_techniques_saving():
