@@ -3,6 +3,7 @@
     python -m reference.bench decode [--tokens 32 128 512] [--naive-max 128] [--batch 4 16]
                                      [--threads N] [--repeats 3] [--under-load]
     python -m reference.bench kernels [--quick] [--json PATH]     (reference/kernels/bench.py)
+    python -m reference.bench serve [--quick] [--json PATH] ...   (reference/serve_bench.py)
     python -m reference.bench speculative [--tokens 128] [--k 4] [--json PATH] (reference/spec_bench.py)
 
 `decode` times greedy generation on SmolLM2-135M-Instruct: at batch 1 the naive loop (chapter 01),
@@ -166,6 +167,9 @@ def main(argv: list[str] | None = None) -> None:
     if argv[:1] == ["kernels"]:  # chapters 05-07: the Triton kernels have their own options
         from reference.kernels.bench import main as bench_kernels
         return bench_kernels(argv[1:])
+    if argv[:1] == ["serve"]:  # chapters 08-09: the serving engine under a workload
+        from reference.serve_bench import main as bench_serve
+        return bench_serve(argv[1:])
     if argv[:1] == ["speculative"]:  # chapter 10: drafters vs plain decoding
         from reference.spec_bench import main as bench_speculative
         return bench_speculative(argv[1:])
@@ -183,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     dec.add_argument("--under-load", action="store_true",
                      help="also measure with a competing busy-loop process running")
     sub.add_parser("kernels", help="Triton kernels vs PyTorch (see python -m reference.bench kernels --help)")
+    sub.add_parser("serve", help="static vs continuous batching vs one at a time (see ... serve --help)")
     sub.add_parser("speculative", help="drafters vs plain decoding (see python -m reference.bench speculative --help)")
     bench_decode(parser.parse_args(argv))
 

@@ -63,6 +63,15 @@ def test_acceptance_rate_is_one_minus_total_variation():
     assert acceptance_rate(p, p) == pytest.approx(1.0)
 
 
+def test_filtered_probs_rows_are_independent_and_normalised():
+    logits = torch.randn(5, 40, generator=torch.Generator().manual_seed(0)) * 2
+    rows = filtered_probs(logits, 0.7, top_k=6, top_p=0.9)
+    for row, one in zip(rows, logits):
+        torch.testing.assert_close(row, filtered_probs(one, 0.7, top_k=6, top_p=0.9))
+    assert torch.allclose(rows.sum(-1), torch.ones(5)) and ((rows > 0).sum(-1) <= 6).all()
+    assert torch.equal(filtered_probs(logits, 0.0).argmax(-1), logits.argmax(-1))
+
+
 # ---------------------------------------------------------------- one position
 
 def toy_pair(gen, vocab=12, temperature=0.9, top_k=8, top_p=0.95):

@@ -186,14 +186,18 @@ class LLMEngine:
 
     @property
     def stats(self) -> dict:
-        """steps, preemptions, prefix cache hits / misses / hit rate, mean batch size, slot
+        """steps, preemptions, prefix cache hits / misses (blocks looked up by allocate), hit rate
+        (prompt tokens found cached / prompt tokens in full blocks, over every admission, as vLLM
+        counts it), mean batch size, slot
         utilisation (mean fraction of the max_num_seqs slots busy in a step); with speculation,
         spec_rounds / spec_proposed / spec_checked / spec_accepted."""
         c, s = self.counters, self.scheduler
         steps = max(c["steps"], 1)
         spec = {} if self.speculator is None else {f"spec_{k}": v for k, v in self.speculator.counters.items()}
+        queried = s.prefix_queried_tokens
         return {**c, **spec, "preemptions": s.preemptions, "prefix_hits": self.blocks.prefix_hits,
-                "prefix_misses": self.blocks.prefix_misses, "prefix_hit_rate": self.blocks.hit_rate,
+                "prefix_misses": self.blocks.prefix_misses,
+                "prefix_hit_rate": s.prefix_hit_tokens / queried if queried else 0.0,
                 "mean_batch_size": c["sequences_stepped"] / steps,
                 "slot_utilisation": c["sequences_stepped"] / (steps * s.max_num_seqs),
                 "num_blocks": self.blocks.num_blocks}

@@ -35,6 +35,8 @@ class Scheduler:
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.preemptions = 0
+        self.prefix_queried_tokens = 0   # prompt tokens in full blocks looked up at admissions
+        self.prefix_hit_tokens = 0       # of those, found in the prefix cache
         self.block_copies: list[tuple[int, int]] = []   # copy-on-write (src, dst) for the runner
         self.finished: list[Sequence] = []   # sequences the scheduler itself ended (pool too small)
 
@@ -147,6 +149,8 @@ class Scheduler:
             except OutOfBlocks:
                 break
             self.waiting.popleft()
+            self.prefix_queried_tokens += (seq.num_tokens - 1) // self.blocks.block_size * self.blocks.block_size
+            self.prefix_hit_tokens += cached
             if seq.metrics.first_token_time is None:   # first admission, not a recompute
                 seq.num_cached_tokens = cached
             seq.num_computed = cached
