@@ -102,3 +102,38 @@ def test_real_model_prompt_lookup_on_an_editing_task(real_model):
     assert out.token_ids == generate(model, ids, 24, stop_ids=tok.stop_ids)
     stats = llm.engine.stats
     assert stats["spec_accepted"] > 0 and stats["steps"] < len(out.token_ids)
+
+
+def test_real_model_sampled_first_tokens_follow_the_target(real_model):
+    """SmolLM2, layer-skip drafts, temperature 1 and top-k 4: the first two sampled tokens of 240
+    seeded requests follow the exact joint distribution p(t1) p(t2 | t1) computed from the
+    target alone (chi-square goodness of fit; the second token went through the acceptance test)."""
+    from reference.decoding import filtered_probs
+
+    model, tok = real_model
+    prompt = tok.chat_ids("Name a colour.")
+    n, top_k = 240, 4
+    llm = LLM(model, tokenizer=tok, max_num_seqs=120, max_num_batched_tokens=240, num_blocks=400,
+              speculative="layer_skip", num_speculative_tokens=1, speculative_draft_layers=4)
+    # max_tokens=3: the first token comes from the prefill, the second from the one draft round
+    outs = llm.generate([prompt] * n, [SamplingParams(temperature=1.0, top_k=top_k, max_tokens=3, seed=s)
+                                       for s in range(n)])
+    assert llm.engine.stats["spec_checked"] == n, "every request should test exactly one draft"
+    first = filtered_probs(model(torch.tensor([prompt]))[0, -1], 1.0, top_k)
+    joint = {}
+    for t1 in first.nonzero().flatten().tolist():
+        second = filtered_probs(model(torch.tensor([prompt + [t1]]))[0, -1], 1.0, top_k)
+        for t2 in second.nonzero().flatten().tolist():
+            joint[(t1, t2)] = float(first[t1] * second[t2])
+    seen = [tuple(o.token_ids[:2]) for o in outs]
+    assert set(seen) <= set(joint), "a sampled pair lies outside the target's top-k support"
+    cells = sorted(joint, key=joint.get, reverse=True)
+    expected = torch.tensor([joint[c] * n for c in cells], dtype=torch.float64)
+    observed = torch.tensor([seen.count(c) for c in cells], dtype=torch.float64)
+    small = expected < 5                                   # pool the rare pairs into one cell
+    expected = torch.cat([expected[~small], expected[small].sum(0, keepdim=True)])
+    observed = torch.cat([observed[~small], observed[small].sum(0, keepdim=True)])
+    chi2 = float(((observed - expected) ** 2 / expected).sum())
+    dof = len(expected) - 1
+    critical = dof * (1 - 2 / (9 * dof) + 3.09 * (2 / (9 * dof)) ** 0.5) ** 3   # p = 0.001
+    assert chi2 < critical, f"chi2 {chi2:.1f} >= {critical:.1f} with {dof} dof"
