@@ -1,0 +1,155 @@
+"""Known-wrong and cheating submissions for chapter 11 (see tests/test_selfcheck.py).
+
+Each section is the body of one solution cell; none may earn the exercise's full points.
+The `serve` variants carry their own helpers, so they are judged on their own batching.
+"""
+
+# %% grade_id: batched_generate | wrong: right tokens, but one request at a time
+# expect: served one at a time
+def batched_generate(model, prompts, n_new):
+    replies = []
+    for prompt in prompts:
+        cache = model.new_cache(1, len(prompt) + n_new)
+        logits = model(torch.tensor([prompt]), cache=cache)
+        reply = [int(logits[0, -1].argmax())]
+        while len(reply) < n_new:
+            logits = model(torch.tensor([[reply[-1]]]), cache=cache)
+            reply.append(int(logits[0, -1].argmax()))
+        replies.append(reply)
+    return replies
+
+
+# %% grade_id: batched_generate | cheat: the reference decoding loop, through the course on sys.path
+# expect: is not allowed
+import os
+import sys
+
+sys.path.insert(0, os.environ.get("AUTOGRADER_ROOT", "."))
+from reference.decoding import generate as _generate
+
+
+def batched_generate(model, prompts, n_new):
+    return [_generate(model, prompt, n_new) for prompt in prompts]
+
+
+# %% grade_id: shared_prefix_generate | wrong: recomputes the shared prefix in every row
+# expect: the prefix was computed for every row
+def shared_prefix_generate(model, prefix, suffixes, n_new):
+    batch = len(suffixes)
+    cache = model.new_cache(batch, len(prefix) + len(suffixes[0]) + n_new)
+    logits = model(torch.tensor([prefix + s for s in suffixes]), cache=cache)
+    tokens = logits[:, -1].argmax(-1)
+    replies = [[int(t)] for t in tokens]
+    for _ in range(n_new - 1):
+        tokens = model(tokens.view(batch, 1), cache=cache)[:, -1].argmax(-1)
+        for reply, t in zip(replies, tokens):
+            reply.append(int(t))
+    return replies
+
+
+# %% grade_id: shared_prefix_generate | cheat: imports the reference generate
+# expect: is not allowed
+from reference.decoding import generate as _generate
+
+
+def shared_prefix_generate(model, prefix, suffixes, n_new):
+    return [_generate(model, prefix + s, n_new) for s in suffixes]
+
+
+# %% grade_id: serve | wrong: one model call per token per request (a cached loop each)
+# expect: one model call per token per request
+def serve(model, requests, max_batch):
+    replies = []
+    for prompt, n_new in requests:
+        cache = model.new_cache(1, len(prompt) + n_new)
+        logits = model(torch.tensor([prompt]), cache=cache)
+        reply = [int(logits[0, -1].argmax())]
+        while len(reply) < n_new:
+            logits = model(torch.tensor([[reply[-1]]]), cache=cache)
+            reply.append(int(logits[0, -1].argmax()))
+        replies.append(reply)
+    return replies
+
+
+# %% grade_id: serve | wrong: groups by length but cuts groups in arrival order (no sort)
+# expect: static batching needs only
+def _batch(model, prompts, n_new):
+    batch = len(prompts)
+    cache = model.new_cache(batch, len(prompts[0]) + n_new)
+    tokens = model(torch.tensor(prompts), cache=cache)[:, -1].argmax(-1)
+    replies = [[int(t)] for t in tokens]
+    for _ in range(n_new - 1):
+        tokens = model(tokens.view(batch, 1), cache=cache)[:, -1].argmax(-1)
+        for reply, t in zip(replies, tokens):
+            reply.append(int(t))
+    return replies
+
+
+def serve(model, requests, max_batch):
+    groups = {}
+    for i, (prompt, _) in enumerate(requests):
+        groups.setdefault(len(prompt), []).append(i)
+    replies = [None] * len(requests)
+    for indices in groups.values():
+        for start in range(0, len(indices), max_batch):
+            chunk = indices[start:start + max_batch]
+            longest = max(requests[i][1] for i in chunk)
+            for i, reply in zip(chunk, _batch(model, [requests[i][0] for i in chunk], longest)):
+                replies[i] = reply[:requests[i][1]]
+    return replies
+
+
+# %% grade_id: serve | cheat: the course's engine, found through AUTOGRADER_ROOT
+# expect: is not allowed
+import os
+import sys
+
+sys.path.insert(0, os.environ.get("AUTOGRADER_ROOT", "."))
+from reference.decoding import generate as _generate
+import reference.engine  # noqa: F401
+
+
+def serve(model, requests, max_batch):
+    return [_generate(model, prompt, n_new) for prompt, n_new in requests]
+
+
+# %% grade_id: lookup_generate | wrong: never rolls the cache back after a rejected draft
+# expect: the cache was never cut back
+def lookup_generate(model, prompt_ids, source, n_new, k, ngram=2):
+    cache = model.new_cache(1, len(prompt_ids) + n_new * (k + 1))
+    tokens = list(prompt_ids)
+    tokens.append(int(model(torch.tensor([tokens]), cache=cache)[0, -1].argmax()))
+    while len(tokens) - len(prompt_ids) < n_new:
+        needed = n_new - (len(tokens) - len(prompt_ids)) - 1
+        draft, tail = [], tokens[-ngram:]
+        for start in range(len(source) - ngram, -1, -1):
+            if source[start:start + ngram] == tail:
+                draft = source[start + ngram:start + ngram + min(k, needed)]
+                break
+        best = model(torch.tensor([[tokens[-1]] + draft]), cache=cache)[0].argmax(-1).tolist()
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == best[accepted]:
+            accepted += 1
+        tokens += draft[:accepted] + [best[accepted]]
+    return tokens[len(prompt_ids):]
+
+
+# %% grade_id: lookup_generate | wrong: plain greedy decoding, no draft ever verified
+# expect: no draft was verified
+def lookup_generate(model, prompt_ids, source, n_new, k, ngram=2):
+    cache = model.new_cache(1, len(prompt_ids) + n_new)
+    tokens = [int(model(torch.tensor([prompt_ids]), cache=cache)[0, -1].argmax())]
+    while len(tokens) < n_new:
+        tokens.append(int(model(torch.tensor([[tokens[-1]]]), cache=cache)[0, -1].argmax()))
+    return tokens
+
+
+# %% grade_id: lookup_generate | cheat: the reference greedy loop, imported under another name
+# expect: is not allowed
+import importlib
+
+_decoding = importlib.import_module("reference.decoding")
+
+
+def lookup_generate(model, prompt_ids, source, n_new, k, ngram=2):
+    return _decoding.generate(model, list(prompt_ids), n_new)
