@@ -1,4 +1,5 @@
-"""Fast checks of the book's sources (the chapters themselves are executed by nbval).
+"""Fast checks of the book's sources (the chapters themselves are executed by the book build,
+where a cell that raises fails it, and by `python -m pytest book/` with nbval).
 
 - every entry of _toc.yml points to an existing file under book/;
 - every notebook under book/ is committed without outputs or execution counts;
@@ -103,6 +104,15 @@ def test_math_is_served_locally():
     assert any((d / path).is_file() for d in static_dirs), f"{path} is missing from {static_dirs}"
     assert config["execute"]["execute_notebooks"] == "force"
     assert config["only_build_toc_files"] is True
+
+
+def test_a_failing_chapter_cell_fails_the_build():
+    """The suite does not re-execute the chapters: the build must, and must stop on any error."""
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["execute"]["execute_notebooks"] == "force"
+    assert config["execute"]["allow_errors"] is False
+    install_and_build, _ = readme_quick_start_commands()
+    assert "--warningiserror" in install_and_build
 
 
 def test_book_has_no_placeholder_links_or_launch_buttons():
