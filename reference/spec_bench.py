@@ -8,7 +8,9 @@ of a given passage: the reply copies long spans of the prompt) and (b) open-ende
 For each task: plain KV-cached decoding (`reference.decoding.generate`), then speculative decoding
 with each drafter; tokens/s (new tokens / wall time of the call, prefill included, median of
 --repeats interleaved runs), the ratio to plain decoding, measured alpha, tokens per target pass
-and whether the output equals plain decoding's token for token (it must).
+and whether the output equals plain decoding's token for token (it must). Then the engine at
+batch 1 and batch 8 (8 copies of the grounded task), without and with prompt-lookup drafts: where
+speculation stops paying, since a bigger batch already shares each weight read among sequences.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import time
 
 from reference.decoding import generate
 from reference.drafters import PromptLookupDrafter, layer_skip_drafter
+from reference.engine import LLM, SamplingParams
 from reference.model import load_model
 from reference.speculative import speculative_generate
 from reference.threads import configure
@@ -64,6 +67,27 @@ def run_task(model, tok, prompt: str, args) -> list[dict]:
     return rows
 
 
+def engine_rows(model, tok, prompt: str, args, batches=(1, 8)) -> list[dict]:
+    """Engine throughput at each batch size without and with prompt-lookup drafts (greedy)."""
+    ids, rows = tok.chat_ids(prompt), []
+    for batch in batches:
+        outputs = {}
+        for speculative in (None, "prompt_lookup"):
+            llm = LLM(model, tokenizer=tok, max_num_seqs=batch, max_num_batched_tokens=max(512, batch * (args.k + 1)),
+                      speculative=speculative, num_speculative_tokens=args.k)
+            start = time.perf_counter()
+            outs = llm.generate([ids] * batch, SamplingParams(max_tokens=args.tokens))
+            seconds = time.perf_counter() - start
+            outputs[speculative] = [o.token_ids for o in outs]
+            stats = llm.engine.stats
+            rows.append(dict(batch=batch, drafter=speculative or "none", steps=stats["steps"],
+                             tokens=sum(len(o.token_ids) for o in outs), seconds=seconds,
+                             tok_s=sum(len(o.token_ids) for o in outs) / seconds,
+                             same=outputs[speculative] == outputs[None]))
+        rows[-1]["ratio"] = rows[-1]["tok_s"] / rows[-2]["tok_s"]
+    return rows
+
+
 def print_table(results: dict) -> None:
     header = (f"{'task':<9} {'drafter':<22} {'new':>4} {'tok/s':>7} {'vs plain':>9} "
               f"{'alpha':>6} {'tok/pass':>9} {'draft time':>11} {'same':>5}")
@@ -95,7 +119,13 @@ def main(argv: list[str] | None = None) -> None:
     print_table(results)
     print("\nalpha = accepted / checked drafts; tok/pass = new tokens / target forward passes; "
           "draft time = share of the wall time spent drafting; same = output equals plain decoding's.")
+    engine = engine_rows(model, tok, TASKS["grounded"], args)
+    print(f"\nengine, grounded task: {'batch':>5} {'drafter':<14} {'steps':>6} {'tok/s':>7} {'vs none':>8} {'same':>5}")
+    for r in engine:
+        ratio = f"{r['ratio']:7.2f}x" if "ratio" in r else f"{'-':>8}"
+        print(f"{'':22}{r['batch']:>5} {r['drafter']:<14} {r['steps']:>6} {r['tok_s']:7.1f} {ratio} "
+              f"{'yes' if r['same'] else 'NO':>5}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(dict(threads=threads, k=args.k, tokens=args.tokens, repeats=args.repeats,
-                           tasks=TASKS, results=results), f, indent=1)
+                           tasks=TASKS, results=results, engine=engine), f, indent=1)

@@ -304,3 +304,16 @@ def test_benchmark_rows_on_the_tiny_model():
     rows = run_task(build_tiny(0), ByteTokenizer(), "abcabcabc abcab", Args(tokens=12, k=3, skip_layers=1, repeats=1))
     assert [r["drafter"] for r in rows] == ["none (plain decoding)", "prompt lookup", "layer skip (1/2)"]
     assert all(r["same"] and r["tokens"] == 12 and r["tok_s"] > 0 for r in rows)
+
+
+def test_benchmark_engine_rows_on_the_tiny_model():
+    from types import SimpleNamespace as Args
+
+    from reference.spec_bench import engine_rows
+    from reference.tokenizer import ByteTokenizer
+
+    rows = engine_rows(build_tiny(0), ByteTokenizer(), "abcabcabc abcab", Args(tokens=12, k=3), batches=(1, 3))
+    assert [(r["batch"], r["drafter"]) for r in rows] == [(1, "none"), (1, "prompt_lookup"), (3, "none"), (3, "prompt_lookup")]
+    assert all(r["same"] and r["tokens"] == 12 * r["batch"] for r in rows)
+    assert all(r["steps"] >= 12 // (3 + 1) for r in rows) and rows[1]["steps"] <= rows[0]["steps"]
+    assert rows[1]["ratio"] == rows[1]["tok_s"] / rows[0]["tok_s"] and "ratio" not in rows[0]
