@@ -117,7 +117,7 @@ class PagedContext:
         stored = (self.slot_mapping >= 0).nonzero().squeeze(1)
         self.stored_rows = None if len(stored) == len(self.slot_mapping) else stored
         self.stored_slots = self.slot_mapping if self.stored_rows is None else self.slot_mapping[stored]
-        self.plan = PagedPlan(self.block_tables, self.context_lens, self.query_lens, self.k_pool.shape[2])
+        self.plan: PagedPlan | None = None   # built by the first layer that gathers, reused by the rest
 
     def attend(self, layer: int, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         """q [1, N, H, D], k and v [1, N, H_kv, D] -> [1, N, H * D]."""
@@ -135,6 +135,8 @@ class PagedContext:
             new_k, new_v = (k, v) if self.stored_rows is None else (k[self.stored_rows], v[self.stored_rows])
             k_cache.view(-1, *k.shape[1:]).index_copy_(0, self.stored_slots, new_k)
             v_cache.view(-1, *v.shape[1:]).index_copy_(0, self.stored_slots, new_v)
+        if self.plan is None:
+            self.plan = PagedPlan(self.block_tables, self.context_lens, self.query_lens, k_cache.shape[1])
         out = paged_attention(q, k_cache, v_cache, self.block_tables, self.context_lens, self.query_lens,
                               self.plan)
         return out.reshape(1, q.shape[0], -1)

@@ -20,7 +20,7 @@ from collections.abc import Sequence as SequenceABC
 import torch
 
 from reference.decoding import sample_next
-from reference.engine.params import RequestOutput, SamplingParams
+from reference.engine.params import RequestMetrics, RequestOutput, SamplingParams
 from reference.engine.runner import ModelRunner
 from reference.engine.scheduler import Scheduler
 from reference.engine.sequence import Sequence, Status
@@ -156,8 +156,7 @@ class LLMEngine:
             seq.num_computed = n_before + len(tokens) - 1   # last token + accepted drafts hold K/V
             self.blocks.truncate(seq.request_id, seq.num_computed)
         else:
-            tokens = [sample_next(logits[-1], p.temperature, None if p.top_k == -1 else p.top_k,
-                                  None if p.top_p == 1.0 else p.top_p, seq.generator)]
+            tokens = [sample_next(logits[-1], *p.filters, seq.generator)]
         if seq.metrics.first_token_time is None:
             seq.metrics.first_token_time = now
         for token in tokens:
@@ -258,8 +257,6 @@ def _as_prompt_list(prompts) -> list:
 
 
 def _rejected(prompt, error: Exception) -> RequestOutput:
-    from reference.engine.params import RequestMetrics
-
     now = time.perf_counter()
     text = prompt if isinstance(prompt, str) else None
     ids = prompt if isinstance(prompt, list) and all(isinstance(t, int) for t in prompt) else []

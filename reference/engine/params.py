@@ -50,6 +50,11 @@ class SamplingParams:
             raise TypeError(f"stop must be a non-empty string or a list of them, got {self.stop!r}")
 
     @property
+    def filters(self) -> tuple[float, int | None, float | None]:
+        """(temperature, top_k, top_p) in reference.decoding's convention: None = no filter."""
+        return self.temperature, None if self.top_k == -1 else self.top_k, None if self.top_p == 1.0 else self.top_p
+
+    @property
     def stop_strings(self) -> list[str]:
         return [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
 

@@ -58,9 +58,7 @@ class Speculator:
     @staticmethod
     def probs(seq: Sequence, logits: Tensor) -> Tensor:
         """The request's sampling distribution(s) from logits [..., vocab]."""
-        p = seq.params
-        return filtered_probs(logits, p.temperature, None if p.top_k == -1 else p.top_k,
-                              None if p.top_p == 1.0 else p.top_p)
+        return filtered_probs(logits, *seq.params.filters)
 
     def verify(self, seq: Sequence, logits: Tensor) -> list[int]:
         """Tokens to emit, given the target's logits [1 + len(drafts), vocab] at the last token and
