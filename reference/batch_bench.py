@@ -9,7 +9,8 @@ weights and threads:
 
 - HF `generate`, one request after another (the one-at-a-time peer);
 - HF `generate_batch`: transformers' continuous batching, paged attention through SDPA
-  (`attn_implementation="paged|sdpa"`), all requests handed over at once;
+  (since transformers 5.23 a model's plain `sdpa` attention runs paged there; the old
+  `"paged|sdpa"` spelling is deprecated), all requests handed over at once;
 - our engine (`reference.engine.LLM`) with every request in flight, without and with its prefix
   cache (the prompts share a system message, as a served chat application's do).
 
@@ -28,7 +29,7 @@ import torch
 from reference.serve_bench import provenance
 from reference.serve_workload import SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, make_workload
 
-HF_SEQUENTIAL, HF_BATCH = "HF generate, sequential", "HF generate_batch (paged|sdpa)"
+HF_SEQUENTIAL, HF_BATCH = "HF generate, sequential", "HF generate_batch"
 OURS_SEQUENTIAL = "ours, sequential (peer stand-in)"
 SHORT = {HF_SEQUENTIAL: "HF seq", HF_BATCH: "HF batch", OURS_SEQUENTIAL: "seq"}   # column headers
 
@@ -52,12 +53,7 @@ def hf_batch(hf, prompts: list[list[int]], n: int) -> list[list[int]]:
 
     config = GenerationConfig(max_new_tokens=n, do_sample=False, eos_token_id=None,
                               pad_token_id=hf.config.eos_token_id)
-    previous = hf.config._attn_implementation
-    hf.set_attn_implementation("paged|sdpa")
-    try:
-        outs = hf.generate_batch([list(p) for p in prompts], generation_config=config, warmup=False)
-    finally:
-        hf.set_attn_implementation(previous)
+    outs = hf.generate_batch([list(p) for p in prompts], generation_config=config, warmup=False)
     by_index = sorted(outs.values(), key=lambda o: int(o.request_id.rsplit("_", 1)[1]))
     return [list(o.generated_tokens) for o in by_index]
 

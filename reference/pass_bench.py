@@ -60,7 +60,7 @@ class OursPass:
 
 
 class HFPass:
-    """The same pass through transformers, its DynamicCache cropped back after each pass."""
+    """The same pass through transformers, the pass's tokens cropped off its DynamicCache after each pass."""
 
     def __init__(self, hf, prompt: torch.Tensor):
         self.hf, self.context = hf, prompt.shape[1]
@@ -70,7 +70,7 @@ class HFPass:
     @torch.inference_mode()
     def __call__(self, ids: torch.Tensor) -> None:
         self.hf(ids, past_key_values=self.cache, use_cache=True)
-        self.cache.crop(self.context)
+        self.cache.crop(-ids.shape[1])  # a negative count removes that many tokens (transformers 4.x and 5.x)
 
 
 def measure_passes(model, hf=None, *, context: int = 128, positions=(1, 2, 5, 8, 16), repeats: int = 7,
