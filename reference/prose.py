@@ -64,6 +64,37 @@ def speedup_phrase(slow_seconds: float, fast_seconds: float) -> str:
     return f"a speed-up of {ratio:.1f}×" if ratio > 1 else f"a slow-down of {1 / ratio:.1f}×"
 
 
+
+NEAR_ROOFLINE = 1.25  # a pass within 25% of the roofline's prediction "rode along" on its weight read
+
+
+def pass_cost_sentence(positions: int, ratio: float, predicted: float,
+                       plain_ratio: float | None = None) -> str:
+    """Chapter 04's reading of a T-position pass: `ratio` = its measured time over a 1-position
+    pass's, `predicted` = the roofline's ratio, `plain_ratio` = the same through plain F.linear.
+
+    The pass is called nearly free only when it stayed within 25% of the prediction; F.linear is
+    blamed for re-packing only when it was more than 10% slower than the packed path.
+    """
+    if not (ratio > 0 and predicted > 0):
+        raise ValueError(f"ratios must be > 0, got {ratio} and {predicted}")
+    head = (f"a pass over {positions} positions cost {ratio:.2f}× a one-position pass, where the "
+            f"roofline predicts {predicted:.2f}×")
+    if ratio <= predicted * NEAR_ROOFLINE:
+        head += ": the extra positions rode along on the same read of the weights."
+    else:
+        head += (f": on this machine they are not free, and every step that feeds {positions} "
+                 "positions pays that factor.")
+    if plain_ratio is None:
+        return head
+    if plain_ratio > ratio * (1 + SAME_WITHIN):
+        tail = (f" Through plain `F.linear` the same pass cost {plain_ratio:.2f}×: the BLAS call "
+                "re-packs each weight matrix inside every small product, reading it more than once.")
+    else:
+        tail = (f" Through plain `F.linear` it cost {plain_ratio:.2f}×: this machine's BLAS loses "
+                "little on small products, so packing the weights once matters less here.")
+    return head + tail
+
 def exercise_list(notebook: str | Path) -> str:
     """A Markdown list of the graded exercises of an exercise notebook, read from the notebook.
 

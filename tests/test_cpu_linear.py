@@ -70,6 +70,13 @@ def test_missing_private_ops_fall_back_to_f_linear(packed_on, monkeypatch):
     assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
 
 
+def test_a_single_row_takes_the_matrix_vector_path(packed_on):
+    x, weight = torch.randn(1, 1, 64), torch.randn(256, 64)
+    assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
+    assert weight not in cpu_linear._packed, \
+        "a one-row product should not pack its weight (BLAS's GEMV streams it as stored)"
+
+
 def test_small_matrices_take_the_plain_path():
     x, weight = torch.randn(4, 64), torch.randn(256, 64)     # 64 KiB: cache-resident
     assert weight.numel() * 4 < cpu_linear.MIN_PACKED_BYTES

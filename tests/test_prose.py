@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from reference.prose import (exercise_list, naive_growth_paragraph, speedup_phrase,
-                             times_phrase)
+from reference.prose import (exercise_list, naive_growth_paragraph, pass_cost_sentence,
+                             speedup_phrase, times_phrase)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -71,3 +71,21 @@ def test_book_chapter_builds_its_exercise_list_from_the_notebook(chapter, exerci
     exercise_section = markdown[markdown.index("## Exercise"):]
     named = set(re.findall(r"`(\w+)`", exercise_section))
     assert not named & set(grade_ids(ROOT / "exercises" / f"{exercises}.ipynb")), named
+
+
+def test_pass_cost_near_the_roofline_is_called_nearly_free():
+    text = pass_cost_sentence(5, 1.08, 1.0, plain_ratio=1.6)
+    assert "1.08×" in text and "rode along" in text, text
+    assert "re-packs" in text, "F.linear 1.6× vs packed 1.08× should be explained by re-packing"
+
+
+def test_pass_cost_far_from_the_roofline_says_the_positions_cost():
+    text = pass_cost_sentence(5, 1.83, 1.0, plain_ratio=1.85)
+    assert "not free" in text and "rode along" not in text, text
+    assert "loses little" in text, "packed and F.linear within 10% must not blame re-packing"
+
+
+def test_pass_cost_without_a_plain_path_stops_after_the_first_sentence():
+    assert "F.linear" not in pass_cost_sentence(8, 1.1, 1.0)
+    with pytest.raises(ValueError):
+        pass_cost_sentence(8, 0.0, 1.0)
