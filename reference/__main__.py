@@ -13,6 +13,7 @@ import sys
 import time
 
 from reference.decoding import DecodeStats, check_request, check_sampling, stream
+from reference.device import DEVICE_CHOICES
 from reference.threads import configure
 
 
@@ -51,6 +52,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--threads", type=positive, default=None, help="CPU threads (default: the cores free now)")
     gen.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
+    gen.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                     help="auto (default): CUDA when this torch sees a GPU, else the CPU")
     add_serve_parser(sub)
     return parser.parse_args(argv)
 
@@ -69,6 +72,8 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--no-prefix-caching", action="store_true")
     serve.add_argument("--scheduling", default="continuous", choices=["continuous", "static"])
     serve.add_argument("--attention", default="torch", choices=["torch", "triton"])
+    serve.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
+                       help="auto (default): CUDA when this torch sees a GPU, else the CPU")
     serve.add_argument("--threads", type=positive, default=None, help="CPU threads (default: the cores free now)")
 
 
@@ -79,7 +84,7 @@ def run_generate(args: argparse.Namespace) -> None:
     from reference.model import load_model
 
     threads = configure(args.threads)
-    model, tok = load_model(args.model)
+    model, tok = load_model(args.model, device=args.device)
     ids = tok.chat_ids(args.prompt) if args.chat else tok.encode(args.prompt)
     check_request(model, ids, args.max_new_tokens)
     stats, new, shown = DecodeStats(), [], ""
@@ -97,7 +102,7 @@ def run_generate(args: argparse.Namespace) -> None:
     print(f"\n[{len(ids)} prompt tokens, {len(new)} new tokens in {seconds:.2f} s: "
           f"prefill {stats.prefill_seconds * 1e3:.0f} ms, decode "
           f"{len(stats.step_seconds) / decode if decode else 0:.1f} tokens/s, "
-          f"{'naive' if args.no_cache else 'KV cache'}, {threads} thread{'s' * (threads > 1)}]",
+          f"{'naive' if args.no_cache else 'KV cache'}, {model.device}, {threads} thread{'s' * (threads > 1)}]",
           file=sys.stderr)
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from reference.device import device_of
+
 
 @dataclass
 class DecodeStats:
@@ -76,7 +78,7 @@ def sample_next(logits: Tensor, temperature: float = 0.0, top_k: int | None = No
     """Pick the next token id from logits [vocab]: greedy at temperature 0, else sampled."""
     if temperature == 0.0:
         return int(logits.argmax())
-    probs = filtered_probs(logits, temperature, top_k, top_p)
+    probs = filtered_probs(logits.cpu(), temperature, top_k, top_p)   # the generator lives on the CPU
     return int(torch.multinomial(probs, 1, generator=generator))
 
 
@@ -120,6 +122,7 @@ def stream(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool
     stats = stats if stats is not None else DecodeStats()
     stop = set(stop_ids or ())
     tokens = list(prompt_ids)
+    device = device_of(model)
     cache = model.new_cache(batch=1, max_len=len(tokens) + max_new_tokens) if use_cache else None
     for step in range(max_new_tokens):
         if cache is None:
@@ -127,7 +130,7 @@ def stream(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool
         else:
             feed = tokens if step == 0 else tokens[-1:]   # prefill once, then one position
         start = time.perf_counter()
-        logits = model(torch.tensor([feed]), cache=cache)
+        logits = model(torch.tensor([feed], device=device), cache=cache)
         stats.record(len(feed), len(tokens), time.perf_counter() - start)
         token = sample_next(logits[0, -1], temperature, top_k, top_p, generator)
         if token in stop:

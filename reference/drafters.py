@@ -22,6 +22,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
+from reference.device import device_of
 from reference.kv_cache import KVCache
 
 ToProbs = Callable[[Tensor], Tensor]
@@ -87,7 +88,7 @@ class ModelDrafter:
         del self.fed[shared:]
         ids, probs = [], []
         for _ in range(k):
-            logits = self.model(torch.tensor([feed]), cache=self.cache)[0, -1]
+            logits = self.model(torch.tensor([feed], device=device_of(self.model)), cache=self.cache)[0, -1].cpu()
             self.fed += feed
             q = to_probs(logits)
             token = int(torch.multinomial(q, 1, generator=generator))

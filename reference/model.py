@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from torch.nn import functional as F
 from torch import Tensor, nn
+from torch.nn import functional as F
 
 from reference.context import DenseContext, PagedContext
 from reference.cpu_linear import PackedLinear, linear
@@ -199,6 +199,11 @@ class Llama(nn.Module):
         return KVCache(cfg.n_layers, batch, cfg.n_kv_heads, max_len or cfg.max_seq_len,
                        cfg.head_dim, dtype=p.dtype, device=p.device)
 
+    @property
+    def device(self) -> torch.device:
+        """Where the weights (and so every cache made by `new_cache`) live."""
+        return self.embed.weight.device
+
     def weight_bytes(self) -> int:
         """Bytes of parameters one forward pass reads (the tied embedding counted once)."""
         return sum(p.numel() * p.element_size() for p in self.parameters())
@@ -280,13 +285,19 @@ def load_gguf_model(reader, dtype: torch.dtype = torch.float32) -> Llama:
     return model.to(dtype).eval()
 
 
-def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32):
-    """Return (model, tokenizer). "smollm2-135m": the real weights; "tiny": a random toy."""
+def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu"):
+    """Return (model, tokenizer). "smollm2-135m": the real weights; "tiny": a random toy.
+
+    device: "cpu" by default (chapters 01-04 measure the CPU the book is built on), "cuda",
+    "cuda:N", or "auto" for CUDA when this torch sees a GPU (reference/device.py)."""
+    from reference.device import resolve_device
     from reference.tokenizer import ByteTokenizer, Tokenizer
 
+    device = resolve_device(device)
     if name == "smollm2-135m":
         reader = read_gguf(gguf_path())
-        return load_gguf_model(reader, dtype), Tokenizer.from_gguf(reader)
+        return load_gguf_model(reader, dtype).to(device), Tokenizer.from_gguf(reader)
     if name == "tiny":
-        return build_tiny(0, dtype), ByteTokenizer()
+        return build_tiny(0, dtype).to(device), ByteTokenizer()
     raise ValueError(f"unknown model {name!r}: choose 'smollm2-135m' or 'tiny'")

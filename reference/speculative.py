@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from reference.decoding import check_request, check_sampling, filtered_probs
+from reference.device import device_of
 from reference.drafters import as_drafter
 
 
@@ -153,14 +154,15 @@ def speculative_generate(target, draft, prompt_ids: list[int], max_new_tokens: i
     max_len = len(tokens) + max_new_tokens
     cache = target.new_cache(batch=1, max_len=max_len)
     if len(tokens) > 1:
-        target(torch.tensor([tokens[:-1]]), cache=cache)  # prefill: all but the last token
+        target(torch.tensor([tokens[:-1]], device=device_of(target)), cache=cache)  # prefill: all but the last
     drafter.reset(max_len)
     while len(out) < max_new_tokens:
         # Draft no more than can be kept: a round emits up to len(drafts) + 1 tokens.
         draft_start = time.perf_counter()
         drafts, q = drafter.propose(tokens, min(k, max_new_tokens - len(out) - 1), to_probs, generator)
         stats.draft_seconds += time.perf_counter() - draft_start
-        p = to_probs(target(torch.tensor([tokens[-1:] + drafts]), cache=cache)[0])  # [len+1, vocab]
+        logits = target(torch.tensor([tokens[-1:] + drafts], device=device_of(target)), cache=cache)[0]
+        p = to_probs(logits.cpu())  # [len+1, vocab], on the CPU with the generator
         stats.target_passes += 1
         stats.proposed += len(drafts)
         new = []
@@ -220,7 +222,7 @@ def verify_tree(model, cache, tree_ids: list[int], parents: list[int]) -> Tensor
     if len(tree_ids) != len(parents):
         raise ValueError(f"{len(tree_ids)} tree tokens but {len(parents)} parents")
     prefix = cache.length
-    positions = prefix + torch.tensor(tree_depths(parents), dtype=torch.long)
+    positions = prefix + torch.tensor(tree_depths(parents), dtype=torch.long, device=device_of(model))
     seen_prefix = torch.ones(len(parents), prefix, dtype=torch.bool)
-    mask = torch.cat([seen_prefix, tree_attention_mask(parents)], dim=1)
-    return model(torch.tensor([tree_ids]), positions, cache, mask=mask)[0]
+    mask = torch.cat([seen_prefix, tree_attention_mask(parents)], dim=1).to(device_of(model))
+    return model(torch.tensor([tree_ids], device=device_of(model)), positions, cache, mask=mask)[0]

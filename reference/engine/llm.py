@@ -227,15 +227,25 @@ class LLM:
     """`LLM(model="smollm2-135m" | "tiny" | a reference.model.Llama, tokenizer=..., **engine knobs)`;
     the knobs are `LLMEngine`'s (block_size, num_blocks, max_num_seqs, max_num_batched_tokens,
     enable_prefix_caching, scheduling, attention, kv_cache_bytes, speculative = None |
-    "prompt_lookup" | "layer_skip", num_speculative_tokens, speculative_draft_layers)."""
+    "prompt_lookup" | "layer_skip", num_speculative_tokens, speculative_draft_layers).
 
-    def __init__(self, model="smollm2-135m", *, tokenizer=None, dtype: torch.dtype = torch.float32, **knobs):
+    device: where a model named by string is loaded: "auto" (CUDA when this torch sees a GPU,
+    else the CPU), "cpu", "cuda" or "cuda:N". A model object is served where it is; a device that
+    names another place is refused (move the model first: `model.to(device)`)."""
+
+    def __init__(self, model="smollm2-135m", *, tokenizer=None, dtype: torch.dtype = torch.float32,
+                 device: str | torch.device = "auto", **knobs):
+        from reference.device import resolve_device
+
         if isinstance(model, str):
             from reference.model import load_model
-            model, loaded_tokenizer = load_model(model, dtype=dtype)
+            model, loaded_tokenizer = load_model(model, dtype=dtype, device=resolve_device(device))
             tokenizer = tokenizer or loaded_tokenizer
         elif tokenizer is None:
             raise ValueError("pass tokenizer= with a model object")
+        elif device != "auto" and resolve_device(device) != model.device:
+            raise ValueError(f"the model is on {model.device}, not {resolve_device(device)}: move it "
+                             f"with model.to(...) or leave device='auto' to serve it where it is")
         self.tokenizer = tokenizer
         self.engine = LLMEngine(model, tokenizer, **knobs)
 

@@ -42,8 +42,9 @@ class Sampler:
                 tokens[b] = token
         sampled = [b for b, p in enumerate(params) if p.temperature != 0.0]
         if sampled:
-            probs = torch.stack([filtered_probs(logits[b], *params[b].filters) for b in sampled])
-            q = self.exponential(probs.shape, [generators[b] for b in sampled]).to(probs.device)
+            rows = logits[sampled].cpu()   # sampled on the CPU, where the requests' generators live
+            probs = torch.stack([filtered_probs(row, *params[b].filters) for row, b in zip(rows, sampled)])
+            q = self.exponential(probs.shape, [generators[b] for b in sampled])
             for b, token in zip(sampled, (probs / q).argmax(-1).tolist()):
                 tokens[b] = token
         return tokens

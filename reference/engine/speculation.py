@@ -57,8 +57,9 @@ class Speculator:
 
     @staticmethod
     def probs(seq: Sequence, logits: Tensor) -> Tensor:
-        """The request's sampling distribution(s) from logits [..., vocab]."""
-        return filtered_probs(logits, *seq.params.filters)
+        """The request's sampling distribution(s) from logits [..., vocab], on the CPU (where the
+        request's generator draws)."""
+        return filtered_probs(logits.cpu(), *seq.params.filters)
 
     def verify(self, seq: Sequence, logits: Tensor) -> list[int]:
         """Tokens to emit, given the target's logits [1 + len(drafts), vocab] at the last token and
