@@ -59,29 +59,28 @@ def repeat_kv(x: Tensor, group: int) -> Tensor:
 
 
 
-def block_slots(block_tables: Tensor, n_keys: int, block_size: int) -> Tensor:
-    """Pool slots of positions 0 .. n_keys-1 of each sequence: [B, n_keys] int64.
+def gather_blocks(cache: Tensor, blocks: Tensor) -> Tensor:
+    """Keys (or values) of whole blocks, read through a block table.
 
-    Position p of sequence b lives in slot block_tables[b, p // block_size] * block_size + p % block_size;
-    -1 padding in the table reads block 0 (the caller masks those keys out).
+    cache: one layer of the paged pool [num_blocks, block_size, H_kv, D]; blocks [..., m] int64
+    block ids (no padding: the caller clamps -1 to a real block and masks those keys out).
+    Returns [..., m * block_size, H_kv, D], a copy: position p of a row is its block p // block_size,
+    slot p % block_size. Copying whole blocks (12 KiB each for SmolLM2) is ~3x faster on a CPU
+    than gathering the same keys one slot at a time.
     """
-    positions = torch.arange(n_keys, device=block_tables.device)
-    blocks = block_tables[:, positions // block_size].long().clamp_min(0)
-    return blocks * block_size + positions % block_size
+    out = cache.index_select(0, blocks.reshape(-1))
+    return out.view(*blocks.shape[:-1], -1, *cache.shape[2:])
 
 
-def gather_blocks(cache: Tensor, block_tables: Tensor, n_keys: int) -> Tensor:
-    """Keys (or values) of positions 0 .. n_keys-1 of each sequence, read through its block table.
-
-    cache: one layer of the paged pool [num_blocks, block_size, H_kv, D]; block_tables [B, M] int.
-    Returns [B, n_keys, H_kv, D] (a copy; slots past a sequence's end hold whatever the pool holds).
-    """
-    return cache.reshape(-1, *cache.shape[2:])[block_slots(block_tables, n_keys, cache.shape[1])]
+def table_prefix(block_tables: Tensor, n_keys: int, block_size: int) -> Tensor:
+    """The first ceil(n_keys / block_size) entries of each block table, as int64 block ids with
+    -1 padding replaced by block 0 (its keys are masked out by the caller): [B, m]."""
+    return block_tables[:, :-(-n_keys // block_size)].long().clamp_min(0)
 
 
 class PagedPlan:
     """What `paged_attention` needs that is the same in every layer of a step, computed once:
-    the query rows and key slots of the batched decodes, and per prefill chunk its rows, slots
+    the query rows and key blocks of the batched decodes, and per prefill chunk its rows, blocks
     and causal mask. Arguments as in `paged_attention`, plus the pool's block_size."""
 
     def __init__(self, block_tables: Tensor, context_lens: Tensor, query_lens: list[int], block_size: int):
@@ -91,21 +90,23 @@ class PagedPlan:
             starts.append(starts[-1] + n)
         lens = [int(n) for n in context_lens.tolist()]
         decode = [b for b, n in enumerate(query_lens) if n == 1]
-        self.decode_rows = self.decode_slots = self.decode_mask = None
+        self.decode_rows = self.decode_blocks = self.decode_mask = None
         if decode:
             longest = max(lens[b] for b in decode)
             self.decode_rows = torch.tensor([starts[b] for b in decode], device=device)
-            self.decode_slots = block_slots(block_tables[decode], longest, block_size)      # [B', L]
-            self.decode_mask = (torch.arange(longest, device=device)[None, :]
+            self.decode_blocks = table_prefix(block_tables[decode], longest, block_size)   # [B', m]
+            keys = self.decode_blocks.shape[1] * block_size
+            self.decode_mask = (torch.arange(keys, device=device)[None, :]
                                 < context_lens[decode, None])[:, None, None, :]          # [B', 1, 1, L]
-        self.chunks = []     # (first row, last row + 1, slots [L], mask [n, L]) per prefill chunk
+        self.chunks = []     # (first row, last row + 1, blocks [m], mask [n, L]) per prefill chunk
         for b, n in enumerate(query_lens):
             if n > 1:
                 length = lens[b]
-                slots = block_slots(block_tables[b:b + 1], length, block_size)[0]
+                blocks = table_prefix(block_tables[b:b + 1], length, block_size)[0]
                 query_positions = torch.arange(length - n, length, device=device)
-                mask = torch.arange(length, device=device)[None, :] <= query_positions[:, None]
-                self.chunks.append((starts[b], starts[b + 1], slots, mask))
+                keys = torch.arange(blocks.shape[0] * block_size, device=device)
+                mask = keys[None, :] <= query_positions[:, None]      # causal; past the end: masked
+                self.chunks.append((starts[b], starts[b + 1], blocks, mask))
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
@@ -123,17 +124,16 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     chunks of a step), so no query is padded to another sequence's length.
     """
     plan = plan or PagedPlan(block_tables, context_lens, query_lens, k_cache.shape[1])
-    k_flat, v_flat = k_cache.reshape(-1, *k_cache.shape[2:]), v_cache.reshape(-1, *v_cache.shape[2:])
     out = torch.empty_like(q)
     if plan.decode_rows is not None:
-        k = k_flat[plan.decode_slots].transpose(1, 2)                  # [B', H_kv, L, D]
-        v = v_flat[plan.decode_slots].transpose(1, 2)
+        k = gather_blocks(k_cache, plan.decode_blocks).transpose(1, 2)  # [B', H_kv, L, D]
+        v = gather_blocks(v_cache, plan.decode_blocks).transpose(1, 2)
         o = F.scaled_dot_product_attention(q[plan.decode_rows][:, :, None], k, v,
                                            attn_mask=plan.decode_mask, enable_gqa=True)   # [B', H, 1, D]
         out[plan.decode_rows] = o[:, :, 0]
-    for first, last, slots, mask in plan.chunks:
-        k = k_flat[slots].transpose(0, 1)[None]                        # [1, H_kv, L, D]
-        v = v_flat[slots].transpose(0, 1)[None]
+    for first, last, blocks, mask in plan.chunks:
+        k = gather_blocks(k_cache, blocks).transpose(0, 1)[None]       # [1, H_kv, L, D]
+        v = gather_blocks(v_cache, blocks).transpose(0, 1)[None]
         chunk = q[first:last].transpose(0, 1)[None]                    # [1, H, n, D]
         o = F.scaled_dot_product_attention(chunk, k, v, attn_mask=mask, enable_gqa=True)
         out[first:last] = o[0].transpose(0, 1)
