@@ -306,3 +306,17 @@ def test_required_calls_count_only_where_they_run_and_loops_step_whole_tiles():
         problem = loop_problem(KERNEL_HEAD + f"    for i in {loop}:\n        x = x + 1\n", "kern",
                                "BLOCK")
         assert (problem is None) == ok, (loop, problem)
+
+
+def test_every_forward_is_recorded_with_its_model_whatever_cache_it_goes_into():
+    store = ReferenceStore()
+    target, draft = ModelRef("tiny", 0), ModelRef("tiny", 0, role="draft")
+    remotes = [store.register(m) for m in (target, draft)]
+    assert remotes[0].id != remotes[1].id == store.model_id(draft)
+    made = store.handle({"id": remotes[0].id, "method": "new_cache", "args": (1, 8), "kwargs": {}})
+    cache = {"__autograder__": "remote", "kind": "cache", "id": made["value"]["id"]}
+    for remote, kwargs in ((remotes[0], {"cache": cache}), (remotes[1], {})):
+        assert store.handle({"id": remote.id, "method": "forward", "args": (torch.tensor([[1, 2]]),),
+                             "kwargs": kwargs})["ok"]
+    assert [(f.model, f.cache) for f in store.trace] == [(store.model_id(target), cache["id"]),
+                                                         (store.model_id(draft), None)]
