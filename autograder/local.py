@@ -21,6 +21,7 @@ from torch import Tensor
 
 from autograder.errors import LearnerError, describe
 from autograder.forbid import Guard
+from autograder.kernel_rules import cell_problem
 from autograder.launching import launch
 from autograder.protocol import HEADER, decode, encode
 from autograder.proxies import LearnerSide
@@ -128,7 +129,10 @@ class LocalLearner(GraderSideTrace):
 
     def launch(self, kernel: str, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> list:
         """Run the learner's Triton kernel ``kernel[grid](*args, **kwargs)``; returns ``args``
-        after the launch."""
+        after the launch; a kernel cell that is not plain Triton code is refused unrun."""
+        problem = cell_problem(self.cell_source(kernel), kernel)
+        if problem:
+            raise LearnerError(problem)
         target = self._lookup(kernel)
 
         def run(*a, **k):

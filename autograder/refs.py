@@ -2,7 +2,9 @@
 
 A grader test never sends a model or a cache to the learner's process; it sends a marker:
 
-- ``ModelRef(name="tiny", seed=0)``: ``reference.model.build_tiny(seed)``.
+- ``ModelRef(name="tiny", seed=0, role="")``: ``reference.model.build_tiny(seed)``; markers
+  with the same seed and role stand for one object, another role for a separate object with
+  the same weights (a draft equal to the target whose forwards must still be told apart).
 - ``CacheRef(model_seed, max_len=None)``: a fresh ``build_tiny(model_seed).new_cache(batch=1,
   max_len=max_len)``.
 - ``Handle(id)``: a learner object that lives on the learner side (returned by ``learner.new``
@@ -28,9 +30,11 @@ SCALARS = (type(None), bool, int, float, str, torch.Size, torch.dtype)
 
 @dataclass(frozen=True)
 class ModelRef:
-    """Stands for ``reference.model.build_tiny(seed)`` (``name`` must be ``"tiny"``)."""
+    """Stands for ``reference.model.build_tiny(seed)`` (``name`` must be ``"tiny"``); ``role``
+    names a separate object with the same weights."""
     name: str = "tiny"
     seed: int = 0
+    role: str = ""
 
 
 @dataclass(frozen=True)

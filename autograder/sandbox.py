@@ -33,6 +33,7 @@ from autograder.errors import LearnerError
 from autograder.isolation import (UID_BASE, UNSHARE, SandboxUnavailable, can_switch_user,
                                   delete_leftovers, hidden_dirs, kill_user,
                                   namespaces_available, readable_by_all)
+from autograder.kernel_rules import cell_problem
 from autograder.protocol import ProtocolError, read_message, write_message
 from autograder.refs import Handle, from_wire, to_wire
 from autograder.store import GraderSideTrace, ReferenceStore
@@ -313,7 +314,11 @@ class SandboxLearner(GraderSideTrace):
 
     def launch(self, kernel: str, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> list:
         """Run the learner's Triton kernel ``kernel[grid](*args, **kwargs)``; returns ``args``
-        as they are after the launch (the kernel's outputs are written into them)."""
+        as they are after the launch (the kernel's outputs are written into them). A kernel
+        cell that is not plain Triton code (``kernel_rules.cell_problem``) is refused unrun."""
+        problem = cell_problem(self.cell_source(kernel), kernel)
+        if problem:
+            raise LearnerError(problem)
         return self._call_named(kernel, {"op": "launch", "name": kernel,
                                          "grid": [int(g) for g in grid],
                                          "args": self._wire(args), "kwargs": self._wire(kwargs)})

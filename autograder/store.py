@@ -24,11 +24,13 @@ CACHE_METHODS = {"append", "read", "truncate", "length", "max_len", "nbytes"}
 
 @dataclass(frozen=True)
 class Forward:
-    """One model call seen by the grader: input shape, which cache (``None``: no cache) and
-    the cache's length before the call."""
+    """One model call seen by the grader: input shape, which cache (``None``: no cache), the
+    cache's length before the call, and which model ran it (its id in the store; every cache,
+    the grader's or one the learner made with ``new_cache``, is recorded alike)."""
     shape: tuple[int, ...]
     cache: int | None
     cache_length: int
+    model: int = 0
 
 
 class ReferenceStore:
@@ -38,7 +40,7 @@ class ReferenceStore:
         self.objects: dict[int, Any] = {}
         self.kinds: dict[int, str] = {}
         self.trace: list[Forward] = []
-        self._models: dict[int, int] = {}
+        self._models: dict[tuple[int, str], int] = {}
         self._ids = itertools.count(1)
 
     def _add(self, kind: str, obj: Any) -> Remote:
@@ -48,19 +50,23 @@ class ReferenceStore:
         self.objects[key], self.kinds[key] = obj, kind
         return Remote(kind, key)
 
-    def model(self, seed: int) -> Remote:
-        """The tiny reference model of ``seed`` (built once)."""
-        if seed not in self._models:
+    def model(self, seed: int, role: str = "") -> Remote:
+        """The tiny reference model of ``seed`` (built once per seed and ``role``)."""
+        if (seed, role) not in self._models:
             from reference.model import build_tiny
-            self._models[seed] = self._add("model", build_tiny(seed)).id
-        return Remote("model", self._models[seed])
+            self._models[seed, role] = self._add("model", build_tiny(seed)).id
+        return Remote("model", self._models[seed, role])
+
+    def model_id(self, marker: ModelRef) -> int:
+        """The store id of the model ``marker`` stands for (to pick its forwards in ``trace``)."""
+        return self.model(int(marker.seed), str(marker.role)).id
 
     def register(self, marker: ModelRef | CacheRef) -> Remote:
         """The grader-side object a marker stands for (a new cache for every ``CacheRef``)."""
         if isinstance(marker, ModelRef):
             if marker.name != "tiny":
                 raise ValueError(f"unknown model {marker.name!r} (only 'tiny')")
-            return self.model(int(marker.seed))
+            return self.model(int(marker.seed), str(marker.role))
         model = self.objects[self.model(int(marker.model_seed)).id]
         return self._add("cache", model.new_cache(batch=1, max_len=marker.max_len))
 
@@ -145,7 +151,8 @@ class ReferenceStore:
             raise ValueError("positions must be a tensor of shape [T]")
         length = int(cache.length) if cache is not None else 0
         key = next((k for k, o in self.objects.items() if o is cache), None)
-        self.trace.append(Forward(tuple(input_ids.shape), key, length))
+        model_key = next(k for k, o in self.objects.items() if o is model)
+        self.trace.append(Forward(tuple(input_ids.shape), key, length, model_key))
         return model(input_ids.long(), positions, cache)
 
 
@@ -174,5 +181,5 @@ class GraderSideTrace:
 
     @property
     def trace(self) -> list[Forward]:
-        """``Forward`` records (shape, cache id, cache length) of the last call."""
+        """``Forward`` records (shape, cache id, cache length, model id) of the last call."""
         return list(self.store.trace)

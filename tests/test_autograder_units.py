@@ -1,4 +1,5 @@
 """Fast tests of the autograder's parts: notebook reading, protocol, feedback, plugin, check."""
+import ast
 import json
 import subprocess
 import sys
@@ -248,3 +249,74 @@ def test_the_grader_side_store_refuses_bad_or_excessive_requests():
                                                           "kind": "model", "id": model.id})["ok"]
     replies = [ask("new_cache", 1, 4) for _ in range(300)]
     assert replies[0]["ok"] and "more than" in replies[-1]["error"]
+
+
+KERNEL_HEAD = '''import triton
+import triton.language as tl
+
+
+@triton.jit
+def kern(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    x = tl.load(x_ptr + offsets, mask=offsets < n).to(tl.float32)
+'''
+
+
+@pytest.mark.parametrize("body, why", [
+    ("    tl.store(out_ptr + offsets, x, mask=offsets < n)\n", None),
+    ("    helper()\n", "not a Triton call"),
+    ("    tl.store(out_ptr + offsets, x.__class__)\n", "__class__"),
+    ("    y = x_ptr.handle.data\n", "not an attribute of a Triton tensor"),
+    ("    y = tl.core.inspect.currentframe()\n", "inspect"),
+    ("    y = tl.core.knobs\n", "not part of Triton's language"),
+    ("    y = triton.runtime.interpreter\n", "not part of Triton's language"),
+    ("    y = __builtins__\n", "__builtins__"),
+    ("    y = getattr(x, 'hand' + 'le')\n", "getattr"),
+    ("    y = gc.get_objects()\n", "gc"),
+    ("    y = (lambda: 0)()\n", "Lambda"),
+    ("    y = LOOKUP\n", "not defined in this cell"),
+])
+def test_kernel_cells_must_be_triton_code(body, why):
+    from autograder.kernel_rules import cell_problem
+    problem = cell_problem(KERNEL_HEAD + body, "kern")
+    assert (problem is None) if why is None else (why in problem), problem
+
+
+def test_a_kernel_cell_holds_no_plain_python_helpers_or_other_imports():
+    from autograder.kernel_rules import cell_problem
+    helper = "import sys\n\n\ndef helper():\n    return sys._getframe().f_back\n\n\n"
+    problem = cell_problem(helper + KERNEL_HEAD + "    helper()\n", "kern")
+    assert "`helper` is a plain Python function" in problem and "not `sys`" in problem
+
+
+def test_required_calls_count_only_where_they_run_and_loops_step_whole_tiles():
+    from autograder.kernel_rules import loop_problem, reachable_calls
+
+    def dots(body):
+        calls = reachable_calls(KERNEL_HEAD + body, "kern")
+        return sum(ast.unparse(c.func) == "tl.dot" for c in calls)
+    assert dots("    y = tl.dot(x, x)\n") == 1
+    assert dots("    if BLOCK < 0:\n        y = tl.dot(x, x)\n") == 0
+    assert dots("    if BLOCK > 16:\n        y = tl.dot(x, x)\n    else:\n        y = tl.dot(x, x)\n") == 1
+    assert dots("    if n > 3:\n        y = tl.dot(x, x)\n") == 1          # decided at run time
+    assert dots("    return\n    y = tl.dot(x, x)\n") == 0
+    for loop, ok in [("range(0, n, BLOCK)", True), ("range(0, tl.cdiv(n, BLOCK))", True),
+                     ("range((n + BLOCK - 1) // BLOCK)", True), ("range(0, n)", False),
+                     ("range(0, n + 0 * BLOCK)", False), ("range(0, n, 1 + 0 * BLOCK)", False)]:
+        problem = loop_problem(KERNEL_HEAD + f"    for i in {loop}:\n        x = x + 1\n", "kern",
+                               "BLOCK")
+        assert (problem is None) == ok, (loop, problem)
+
+
+def test_every_forward_is_recorded_with_its_model_whatever_cache_it_goes_into():
+    store = ReferenceStore()
+    target, draft = ModelRef("tiny", 0), ModelRef("tiny", 0, role="draft")
+    remotes = [store.register(m) for m in (target, draft)]
+    assert remotes[0].id != remotes[1].id == store.model_id(draft)
+    made = store.handle({"id": remotes[0].id, "method": "new_cache", "args": (1, 8), "kwargs": {}})
+    cache = {"__autograder__": "remote", "kind": "cache", "id": made["value"]["id"]}
+    for remote, kwargs in ((remotes[0], {"cache": cache}), (remotes[1], {})):
+        assert store.handle({"id": remote.id, "method": "forward", "args": (torch.tensor([[1, 2]]),),
+                             "kwargs": kwargs})["ok"]
+    assert [(f.model, f.cache) for f in store.trace] == [(store.model_id(target), cache["id"]),
+                                                         (store.model_id(draft), None)]

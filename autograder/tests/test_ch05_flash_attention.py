@@ -10,7 +10,6 @@ owns its launcher, poisons every output and the spare rows and heads of its inpu
 from __future__ import annotations
 
 import ast
-import inspect
 import math
 
 import pytest
@@ -19,12 +18,18 @@ import torch
 from autograder.errors import LearnerError
 from autograder.feedback import assert_close, assert_equal
 from autograder.inputs import generator, randint
+from autograder.kernel_rules import cell_problem, kernel_source, loop_problem, reachable_calls
 from autograder.plugin import exercise
 from reference.kernels.flash_attention import hbm_bytes
 from reference.kernels.torch_reference import causal_mask
 
-SOFTMAX_FORBIDDEN = ["torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
-                     "torch.nn.functional.scaled_dot_product_attention"]
+SOFTMAX_FORBIDDEN = [  # the softmax, and every one-line normaliser that does its work
+    "torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch.Tensor.softmax",
+    "torch._softmax", "torch.nn.functional.softmin",
+    "torch.logsumexp", "torch.special.logsumexp", "torch.Tensor.logsumexp",
+    "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.special.log_softmax",
+    "torch.Tensor.log_softmax", "torch._log_softmax",
+    "torch.nn.functional.scaled_dot_product_attention"]
 
 
 def _attention64(q, k, v, visible=None):
@@ -61,6 +66,33 @@ def _name_slip(got, slips: dict[str, torch.Tensor]) -> str | None:
 
 # ------------------------------------------------------------------------- tiled_attention
 
+RESCALE_SLIPS = {  # what is rescaled by exp(m_old - m_new) -> the advice when that is the slip
+    "l": "when a key tile raises a row's max from m_old to m_new, multiply acc (as well as l) by "
+         "exp(m_old - m_new) before adding the tile's terms",
+    "": "when a key tile raises a row's max from m_old to m_new, multiply l and acc by "
+        "exp(m_old - m_new) before adding the tile's terms: both were summed with the old max",
+}
+
+
+def _without_rescale(q, k, v, block_k: int, visible, rescaled: str) -> torch.Tensor:
+    """The running softmax over key tiles of ``block_k`` in float64 with the slip of not
+    rescaling acc (``rescaled="l"``: l is) or either sum (``rescaled=""``)."""
+    q, k, v = q.double(), k.double(), v.double()
+    scores = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if visible is not None:
+        scores = scores.masked_fill(~visible, float("-inf"))
+    m = scores.new_full(scores.shape[:-1], float("-inf"))
+    total, acc = torch.zeros_like(m), torch.zeros_like(q)
+    for j in range(0, k.shape[-2], block_k):
+        tile = scores[..., j:j + block_k]
+        m_new = torch.maximum(m, tile.amax(-1))
+        safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+        p = torch.exp(tile - safe[..., None])
+        total = total * (torch.exp(m - safe) if "l" in rescaled else 1) + p.sum(-1)
+        acc, m = acc + p @ v[..., j:j + block_k, :], m_new
+    return acc / total[..., None]
+
+
 def _check_tiled(learner, q, k, v, block_q, block_k, causal, what):
     n_q, n_k = q.shape[2], k.shape[2]
     visible = causal_mask(n_q, n_k) if causal else None
@@ -74,6 +106,8 @@ def _check_tiled(learner, q, k, v, block_q, block_k, causal, what):
     slips = {advice: _attention64(q, k, v, mask)[0] for advice, mask in
              (_causal_slips(n_q, n_k) if causal else {}).items()}
     slips["divide the scores by sqrt(D) (once)"] = _attention64(q / math.sqrt(q.shape[-1]), k, v, visible)[0]
+    for rescaled, advice in RESCALE_SLIPS.items():
+        slips[advice] = _without_rescale(q, k, v, block_k, visible, rescaled)
     hint = _name_slip(out, slips)
     if hint is None and isinstance(out, torch.Tensor) and not torch.isfinite(out).all():
         hint = ("inf/NaN in the output: subtract the running max before exp (exp of scores in the "
@@ -117,6 +151,53 @@ def test_tiled_attention_large_scores(learner, seed):
     for causal in (False, True):
         q, k, v, bq, bk = _tiled_case(gen, causal=causal, magnitude=60.0)
         _check_tiled(learner, q, k, v, bq, bk, causal=causal, what="with scores in the hundreds")
+
+
+LARGE_KEYS = 32768     # keys of the case too large to hold as one score matrix
+CHECKED_ROWS = 48      # query rows of that case compared with float64 attention
+
+
+def _large_case_queries(learner) -> int:
+    """Query rows of the large case: enough that the [Nq, Nk] float64 score matrix exceeds the
+    sandbox's memory limit by 5%, so only a tiled computation finishes; 64 where the learner runs
+    without a limit (``check()`` in a notebook)."""
+    memory_mb = getattr(learner, "memory_mb", None)
+    if not memory_mb:
+        return 64
+    return int(memory_mb * 2**20 * 1.05 / (8 * LARGE_KEYS)) + 1
+
+
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+def test_tiled_attention_never_holds_the_whole_score_matrix(learner, seed):
+    gen = generator(seed + 3)
+    n_q, dim = _large_case_queries(learner), 8
+    q = torch.randn(1, 1, n_q, dim, generator=gen, dtype=torch.float64)
+    k, v = (torch.randn(1, 1, LARGE_KEYS, dim, generator=gen, dtype=torch.float64) for _ in "kv")
+    block_q, block_k = 1024, 2048
+    call = (f"tiled_attention(q [1, 1, {n_q}, {dim}], k/v [1, 1, {LARGE_KEYS}, {dim}] float64, "
+            f"block_q={block_q}, block_k={block_k})")
+    try:
+        result = learner.call("tiled_attention", q, k, v, block_q, block_k, causal=False)
+    except LearnerError as exc:
+        if "memory" not in str(exc):
+            raise
+        raise AssertionError(
+            f"{call}: {exc}. The whole [Nq, Nk] score matrix ({n_q * LARGE_KEYS * 8 / 2**30:.1f} "
+            f"GiB here) is what tiling avoids: hold one [block_q, block_k] tile of scores at a "
+            "time, with the running max, sum and output per row") from None
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise AssertionError(f"{call} returned {type(result).__name__}; return the pair (out, lse)")
+    rows = torch.randperm(n_q, generator=gen)[:CHECKED_ROWS]
+    expected, expected_lse = _attention64(q[:, :, rows], k, v)
+    out, lse = result
+    if not (isinstance(out, torch.Tensor) and out.shape == q.shape and isinstance(lse, torch.Tensor)
+            and lse.shape == q.shape[:3]):
+        raise AssertionError(f"{call} returned out {getattr(out, 'shape', out)!s:.60} and lse "
+                             f"{getattr(lse, 'shape', lse)!s:.60}; expected [1, 1, {n_q}, {dim}] "
+                             f"and [1, 1, {n_q}]")
+    assert_close(out[:, :, rows], expected, name=f"out of {call} (rows {rows[:4].tolist()}...)",
+                 rtol=2e-4, atol=2e-5)
+    assert_close(lse[:, :, rows], expected_lse, name=f"lse of {call}", rtol=2e-4, atol=2e-5)
 
 
 # -------------------------------------------------------------- flash_attention_fwd_kernel
@@ -165,18 +246,25 @@ def _require_tiles(learner) -> None:
     """Static look at the kernel, before every kernel test: tile products with tl.dot, tiles sized
     by the block constexprs, no loop inside a loop. A kernel that loads all of K in one fixed-size
     tile, or loops over single elements, earns nothing even where its numbers are right."""
-    source = _kernel_source(learner, "flash_attention_fwd_kernel")
+    source = kernel_source(learner, "flash_attention_fwd_kernel")
     if source is None:
         raise AssertionError("`flash_attention_fwd_kernel` is not defined (run its cell first)")
+    problem = cell_problem(source, "flash_attention_fwd_kernel")
+    if problem:
+        raise AssertionError(problem)
     tree = ast.parse(source)
     kernel = next((n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)
                    and n.name == "flash_attention_fwd_kernel"), None)
     if kernel is None:
         raise AssertionError("no `def flash_attention_fwd_kernel` in your cell")
     calls = [n for n in ast.walk(kernel) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
-    if not any(c.func.attr == "dot" for c in calls):
+    dots = [c for c in reachable_calls(source, "flash_attention_fwd_kernel")
+            if isinstance(c.func, ast.Attribute) and c.func.attr == "dot"]
+    if not dots:
         raise AssertionError("compute the score tile and the P V product with tl.dot (tile x tile "
-                             "products on the tensor cores), not with elementwise loops or sums")
+                             "products on the tensor cores), not with elementwise loops or sums; "
+                             "a tl.dot counts only where it runs, not under a condition on "
+                             "constexprs that never holds")
     allowed = {"BLOCK_M", "BLOCK_N", "HEAD_DIM"}
     for call in calls:
         if call.func.attr == "arange":
@@ -185,12 +273,11 @@ def _require_tiles(learner) -> None:
                 raise AssertionError(f"line {call.lineno}: tl.arange must span BLOCK_M, BLOCK_N or "
                                      "HEAD_DIM: a fixed-size tile holding all of K or Q works only "
                                      "up to that size; loop over key tiles of BLOCK_N instead")
-    for loop in (n for n in ast.walk(kernel) if isinstance(n, (ast.For, ast.While))):
-        inner = [n for n in ast.walk(loop) if isinstance(n, (ast.For, ast.While)) and n is not loop]
-        if inner:
-            raise AssertionError(f"line {inner[0].lineno}: a loop inside the loop over key tiles "
-                                 "works element by element; each step should handle a whole "
-                                 "[BLOCK_M, BLOCK_N] tile with tile operations")
+    loops = loop_problem(source, "flash_attention_fwd_kernel", "BLOCK_N")
+    if loops:
+        raise AssertionError(f"{loops}: loop over the key tiles, `for start_n in range(0, end, "
+                             "BLOCK_N)`, each step handling a whole [BLOCK_M, BLOCK_N] tile with "
+                             "tile operations")
 
 
 @exercise("flash_attention_fwd_kernel", points=5, timeout=60)
@@ -220,15 +307,6 @@ def test_flash_kernel_matches_attention(learner, seed, case):
     spare = got_out[:, n_q:]
     if not torch.isnan(spare).all():
         raise AssertionError(f"{name}: the kernel wrote rows >= n_queries of out; mask the store")
-
-
-def _kernel_source(learner, name: str) -> str | None:
-    """The learner's cell source (sandbox), else the kernel's own source (check() in a notebook)."""
-    source = learner.cell_source(name) if hasattr(learner, "cell_source") else None
-    kernel = getattr(learner, "namespace", {}).get(name)
-    if source is None and hasattr(kernel, "fn"):
-        source = inspect.getsource(kernel.fn)
-    return source
 
 
 # ------------------------------------------------------------------------- flash_hbm_bytes

@@ -13,7 +13,6 @@ its output poisoned with NaN, in the interpreter when there is no GPU.
 """
 from __future__ import annotations
 
-import ast
 import math
 import os
 
@@ -25,6 +24,7 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 from autograder.errors import LearnerError
 from autograder.feedback import assert_close
 from autograder.inputs import generator, randint
+from autograder.kernel_rules import kernel_source, loop_problem
 from autograder.plugin import exercise
 from reference.attention import paged_attention
 from reference.fragmentation import WALKTHROUGH, WALKTHROUGH_BLOCK_SIZE, WALKTHROUGH_SLOTS, \
@@ -463,20 +463,26 @@ def test_gather_with_a_shared_block_and_groups_of_three(learner, seed):
 
 # ------------------------------------------------------------------------ paged_decode_kernel
 
-def _element_loops(source: str | None) -> str | None:
-    """Why the kernel's source loops over single keys, or None. Allowed: one loop, not nested,
-    whose range mentions BLOCK_SIZE (one whole block per iteration)."""
-    try:
-        tree = ast.parse(source or "")
-    except SyntaxError:
-        return None
-    for loop in (n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))):
-        if isinstance(loop, ast.While) or any(isinstance(n, (ast.For, ast.While))
-                                              for n in ast.walk(loop) if n is not loop):
-            return "a while loop or nested loops"
-        if "BLOCK_SIZE" not in ast.unparse(loop.iter):
-            return f"`for ... in {ast.unparse(loop.iter)}` steps one key at a time"
-    return None
+def _without_output_rescale(q, k_cache, v_cache, tables, lens) -> torch.Tensor:
+    """The kernel's online softmax in float64 with the slip o = o + p v (the output is never
+    multiplied by exp(m_old - m_new) when a block raises the max; l is)."""
+    block_size, n_kv_heads, dim = k_cache.shape[1:]
+    group = q.shape[1] // n_kv_heads
+    out = torch.zeros(q.shape, dtype=torch.float64)
+    for b, n in enumerate(lens.tolist()):
+        keys, values = (c.double().reshape(-1, n_kv_heads, dim)[_slots(tables[b], n, block_size)]
+                        for c in (k_cache, v_cache))
+        for h in range(q.shape[1]):
+            m, total, o = float("-inf"), 0.0, torch.zeros(dim, dtype=torch.float64)
+            for start in range(0, n, block_size):
+                k, v = keys[start:start + block_size, h // group], values[start:start + block_size, h // group]
+                scores = k @ q[b, h].double() / math.sqrt(dim)
+                m_new = max(m, float(scores.max()))
+                p = torch.exp(scores - m_new)
+                total = total * math.exp(m - m_new) + float(p.sum())
+                o, m = o + p @ v, m_new
+            out[b, h] = o / total
+    return out
 
 
 def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share):
@@ -484,21 +490,28 @@ def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share):
                                                       block_size, share)
     call = (f"paged_decode_kernel on q [{batch}, {heads}, {dim}], blocks of {block_size} with "
             f"{kv_heads} K/V heads, context_lens {lens.tolist()}")
-    out = torch.full_like(q, float("nan"))
-    args = learner.launch("paged_decode_kernel", (batch * heads,), q, k_cache, v_cache, out,
-                          tables, lens, heads, kv_heads, tables.shape[1], 1 / math.sqrt(dim),
-                          BLOCK_SIZE=block_size, HEAD_DIM=dim)
-    loops = _element_loops(learner.cell_source("paged_decode_kernel")
-                           if hasattr(learner, "cell_source") else None)
+    source = kernel_source(learner, "paged_decode_kernel")
+    loops = source and loop_problem(source, "paged_decode_kernel", "BLOCK_SIZE")
     if loops:
         raise AssertionError(f"paged_decode_kernel: {loops}. Work on whole blocks: one loop over "
                              "the sequence's blocks, e.g. range(0, tl.cdiv(context_len, "
                              "BLOCK_SIZE)), each iteration loading a [BLOCK_SIZE, HEAD_DIM] tile "
                              "with tl.arange offsets")
+    out = torch.full_like(q, float("nan"))
+    args = learner.launch("paged_decode_kernel", (batch * heads,), q, k_cache, v_cache, out,
+                          tables, lens, heads, kv_heads, tables.shape[1], 1 / math.sqrt(dim),
+                          BLOCK_SIZE=block_size, HEAD_DIM=dim)
     got = args[3]
     if torch.isnan(got).any():
         raise AssertionError(f"{call}: out still holds NaN where the grader poisoned it: every "
                              "program must store its row o / l (and never compute inf - inf)")
+    if torch.allclose(got.double(), _without_output_rescale(q, k_cache, v_cache, tables, lens),
+                      rtol=1e-4, atol=1e-5) and not torch.allclose(
+                          got.double(), _attention(q, k_cache, v_cache, tables, lens),
+                          rtol=1e-4, atol=1e-5):
+        raise AssertionError(f"{call}: when a block raises the running max from m_old to m_new, "
+                             "multiply both l and the output o by exp(m_old - m_new) before "
+                             "adding the block's terms; o was not rescaled")
     _check_paged(got, q, k_cache, v_cache, tables, lens, call)
 
 

@@ -11,6 +11,7 @@ import math
 
 import torch
 
+from autograder.errors import LearnerError
 from autograder.feedback import assert_close, assert_equal, assert_equal_tokens
 from autograder.inputs import generator, randint
 from autograder.plugin import exercise
@@ -91,8 +92,10 @@ def test_expected_tokens_counts_the_accepted_drafts_and_one_more(learner, seed):
 @exercise("accept_and_residual", points=3)
 def test_accept_probability_and_residual_make_the_target_distribution(learner, seed):
     gen = generator(seed)
-    for sparse in (False, True, True):
-        p, q = _distributions(gen, randint(gen, 5, 40), sparse)
+    for case in ("dense", "sparse", "sparse", "equal"):
+        p, q = _distributions(gen, randint(gen, 5, 40), case == "sparse")
+        if case == "equal":   # nothing is ever rejected: max(0, p - q) is all zeros
+            q = p.clone()
         support = torch.nonzero(q > 0).flatten()
         x = int(support[randint(gen, 0, len(support) - 1)])
         result = learner.call("accept_and_residual", p, q, x)
@@ -107,9 +110,12 @@ def test_accept_probability_and_residual_make_the_target_distribution(learner, s
                               "the output is not distributed as p")],
                "accept x with probability min(1, p(x) / q(x))")
         expected = (p - q).clamp_min(0.0)
-        expected = expected / expected.sum()
+        expected = expected / expected.sum() if case != "equal" else p
         hint = "the residual is max(0, p - q) divided by its sum"
-        if isinstance(residual, torch.Tensor) and residual.shape == p.shape:
+        if case == "equal":
+            hint = ("with p == q, max(0, p - q) is all zeros (x is always accepted): return p "
+                    "itself rather than dividing by a sum of 0")
+        elif isinstance(residual, torch.Tensor) and residual.shape == p.shape:
             if torch.allclose(residual.double(), p.double(), atol=1e-6):
                 hint = ("this is p itself: resampling from p after a rejection counts the mass "
                         "min(p, q) twice; draw from max(0, p - q), normalised")
@@ -148,17 +154,46 @@ def test_tree_mask_shows_each_node_its_ancestors(learner, seed):
 
 # --------------------------------------------------------------------- speculative_generate
 
+ROLLBACK = ("after each verification cut the target's cache back to the kept tokens "
+            "(cache.truncate): the keys of rejected drafts must not stay")
+
+
 def _run(learner, seed: int, draft_seed: int, prompt: list[int], n_new: int, k: int):
-    """The learner's tokens, and the forwards it ran into the target's cache (grader-side)."""
-    before = max(learner.store.objects, default=0)
+    """The learner's tokens, and every forward of the target model (recorded grader-side,
+    whatever cache it went into: the grader's target_cache or one made with new_cache)."""
+    target, draft = ModelRef("tiny", seed), ModelRef("tiny", draft_seed, role="draft")
     max_len = len(prompt) + n_new + k + 1
-    got = learner.call("speculative_generate", ModelRef("tiny", seed), ModelRef("tiny", draft_seed),
-                       list(prompt), n_new, k, CacheRef(seed, max_len), CacheRef(draft_seed, max_len))
-    new_caches = sorted(key for key, kind in learner.store.kinds.items() if kind == "cache" and key > before)
+    try:
+        got = learner.call("speculative_generate", target, draft, list(prompt), n_new, k,
+                           CacheRef(seed, max_len), CacheRef(draft_seed, max_len))
+    except LearnerError as exc:
+        if "KV cache full" not in str(exc):
+            raise
+        raise AssertionError(f"speculative_generate: {exc}. The target's cache filled up: "
+                             f"{ROLLBACK}") from None
     if any(f.cache is None for f in learner.trace):
         raise AssertionError("a forward ran without a cache: pass cache=target_cache or "
                              "cache=draft_cache to every model call")
-    return (list(got) if isinstance(got, tuple) else got), [f for f in learner.trace if f.cache == new_caches[0]]
+    target_id = learner.store.model_id(target)
+    return (list(got) if isinstance(got, tuple) else got), \
+        [f for f in learner.trace if f.model == target_id]
+
+
+def _check_verification(target_forwards: list, k: int) -> None:
+    """The target reads the prompt once (one forward into an empty cache); every later forward
+    is a verification pass of at most k + 1 positions, and some pass verifies drafts (more than
+    one position): plain greedy decoding, into any cache, is not speculative decoding."""
+    prefills = [f for f in target_forwards if f.cache_length == 0]
+    passes = [f for f in target_forwards if f.cache_length > 0]
+    if len(prefills) > 1:
+        raise AssertionError(f"the target started {len(prefills)} times from an empty cache: feed "
+                             "the prompt once, then only [last token, drafts] per pass")
+    if any(f.shape[-1] > k + 1 for f in passes):
+        raise AssertionError(f"a target pass fed more than k + 1 = {k + 1} positions")
+    if passes and all(f.shape[-1] == 1 for f in passes):
+        raise AssertionError("no target pass verified drafts (every pass fed one position): this is "
+                             "plain greedy decoding. Feed [last token, d_1 .. d_k] to the target in "
+                             "ONE pass and keep the drafts up to the first it disagrees with")
 
 
 @exercise("speculative_generate", points=10, timeout=60)
@@ -170,12 +205,11 @@ def test_speculative_generate_equals_greedy_decoding(learner, seed):
     for draft_seed in (seed, seed + 1):
         prompt = torch.randint(0, 256, (randint(gen, 3, 9),), generator=gen).tolist()
         n_new, k = randint(gen, 10, 16), randint(gen, 2, 4)
-        got, _ = _run(learner, seed, draft_seed, prompt, n_new, k)
+        got, target_forwards = _run(learner, seed, draft_seed, prompt, n_new, k)
         what = "a draft equal to the target" if draft_seed == seed else "a different draft"
         assert_equal_tokens(got, generate(target, prompt, n_new),
-                            name=f"speculative_generate with {what}, k={k}",
-                            hint="after each verification cut the target's cache back to the kept "
-                                 "tokens (cache.truncate): the keys of rejected drafts must not stay")
+                            name=f"speculative_generate with {what}, k={k}", hint=ROLLBACK)
+        _check_verification(target_forwards, k)
 
 
 @exercise("speculative_generate", points=10, timeout=60)
@@ -196,5 +230,4 @@ def test_speculative_generate_verifies_k_drafts_per_target_pass(learner, seed):
             f"always agrees, where a prefill and {stats.target_passes} passes suffice: when all k "
             "drafts are accepted the same pass also gives the bonus token (the target's argmax "
             "after the last draft)")
-    if any(f.shape[-1] > k + 1 for f in target_forwards[1:]):
-        raise AssertionError(f"a target pass fed more than k + 1 = {k + 1} positions")
+    _check_verification(target_forwards, k)

@@ -87,14 +87,25 @@ def test_shared_prefix_runs_the_prefix_once(learner, seed):
     fed = sum(f.shape[0] * f.shape[1] for f in trace)
     ideal = n_prefix + batch * n_suffix + batch * (n_new - 1)
     calls = f"(P = {n_prefix}, S = {n_suffix}, B = {batch}; the model saw {_shapes(trace)})"
-    if trace and trace[0].shape == (1, n_prefix) and trace[0].cache_length == 0 and fed <= ideal:
+    expected = [(1, n_prefix), (batch, n_suffix)] + [(batch, 1)] * (n_new - 1)
+    batched = trace[1:]
+    lengths = [n_prefix] + [n_prefix + n_suffix + i for i in range(n_new - 1)]  # before each call
+    if _shapes(trace) == expected and trace[0].cache is not None and trace[0].cache_length == 0 \
+            and batched[0].cache is not None and len({f.cache for f in batched}) == 1 \
+            and [f.cache_length for f in batched] == lengths:
         return
+    if trace and trace[0].shape == (1, n_prefix) and all(f.shape[0] == 1 for f in batched):
+        raise AssertionError(f"after the prefix the requests were served one at a time {calls}: "
+                             f"copy the prefix's keys and values into every row of a batch-{batch} "
+                             f"cache, then run the suffixes as ONE [{batch}, {n_suffix}] call and "
+                             f"each decode step as one [{batch}, 1] call")
     if any(s == (batch, n_prefix + n_suffix) for s in _shapes(trace)) or fed >= batch * n_prefix:
         raise AssertionError(f"the prefix was computed for every row {calls}: {fed} positions fed "
                              f"where {ideal} suffice. Run it once with batch 1, then copy its keys and "
                              "values into each row of the batched cache")
-    raise AssertionError(f"expected a first call of shape (1, {n_prefix}) into an empty cache and "
-                         f"{ideal} positions fed in all {calls}")
+    raise AssertionError(f"expected the calls {expected}: the prefix into an empty cache, then "
+                         f"the batch through one batched cache that starts with the prefix "
+                         f"{calls}")
 
 
 # ---------------------------------------------------------------------------------- serve
@@ -212,7 +223,23 @@ def test_lookup_generate_is_exact_and_verifies_drafts_with_rollback(learner, see
     if max(fed[1:], default=1) == 1:
         raise AssertionError(f"{len(trace) - 1} calls of one token each for {n_new} tokens: no draft "
                              f"was verified {calls}. Feed the newest token and the draft together")
+    if any(f.cache is None for f in trace) or len({f.cache for f in trace}) > 1:
+        raise AssertionError(f"every call must go through one cache, the prefill's {calls}: "
+                             "verify the draft in the cache and cut it back after a rejection "
+                             "(re-running the whole sequence without a cache is not speculation)")
+    if any(n > k + 1 for n, _ in seen):
+        raise AssertionError(f"a verification fed more than k + 1 = {k + 1} tokens {calls}: feed "
+                             "the newest token and a draft of at most k tokens")
     if len(seen) > len(expected):
         raise AssertionError(f"{len(seen)} verification calls where the draft rule needs "
                              f"{len(expected)} {calls}: accept every draft token that matches, and look "
                              "the tail up in `source` (its latest occurrence)")
+    if seen != expected:
+        first = next(i for i, (a, b) in enumerate(zip(seen + [None] * len(expected), expected))
+                     if a != b)
+        got_call = seen[first] if first < len(seen) else "missing"
+        raise AssertionError(f"verification {first + 1} was {got_call} where the draft rule gives "
+                             f"{expected[first]} {calls}: draft from the "
+                             "LATEST occurrence of the tail in `source`, at most k tokens and never "
+                             "more than are still needed; after a rejection cut the cache back to "
+                             "the accepted tokens")

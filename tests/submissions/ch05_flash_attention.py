@@ -46,7 +46,7 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     return out, lse
 
 # %% grade_id: tiled_attention | wrong: does not rescale l and acc when the max grows
-# expect: is not close
+# expect: multiply l and acc by exp(m_old - m_new)
 import math
 
 import torch
@@ -84,6 +84,40 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
             alpha = torch.exp(m - safe)                                 # rescales the old sums
             p = torch.exp(s - safe[..., None])
             l = l + p.sum(-1)                                           # old sums not rescaled
+            acc = acc + p @ v[:, :, j:j + block_k]
+            m = m_new
+        out[:, :, i:i + block_q] = acc / l[..., None]
+        lse[:, :, i:i + block_q] = m + torch.log(l)
+    return out, lse
+
+# %% grade_id: tiled_attention | wrong: rescales l but not acc when the max grows
+# expect: multiply acc (as well as l) by exp(m_old - m_new)
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    batch, heads, n_q, dim = q.shape
+    n_k = k.shape[2]
+    scale = 1.0 / math.sqrt(dim)
+    out, lse = torch.empty_like(q), q.new_empty(batch, heads, n_q)
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] * scale                        # [B, H, bq, D]
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + (n_k - n_q)
+        m = q.new_full(q_tile.shape[:3], float("-inf"))
+        l = torch.zeros_like(m)
+        acc = torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)     # [B, H, bq, bk]
+            if causal:
+                cols = torch.arange(j, j + s.shape[-1])[None, :]
+                s = s.masked_fill(cols > rows, float("-inf"))
+            m_new = torch.maximum(m, s.amax(-1))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # no key seen yet
+            alpha = torch.exp(m - safe)                                 # rescales the old sums
+            p = torch.exp(s - safe[..., None])
+            l = l * alpha + p.sum(-1)
             acc = acc + p @ v[:, :, j:j + block_k]
             m = m_new
         out[:, :, i:i + block_q] = acc / l[..., None]
@@ -134,6 +168,42 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
         out[:, :, i:i + block_q] = acc / l[..., None]
         lse[:, :, i:i + block_q] = m + torch.log(l)
     return out, lse
+
+# %% grade_id: tiled_attention | cheat: the whole score matrix at once with torch.logsumexp, no tiles
+# expect: is forbidden
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.arange(n_k)[None, :] > torch.arange(n_q)[:, None] + n_k - n_q,
+                          float("-inf"))
+    lse = torch.logsumexp(s, dim=-1)
+    return torch.exp(s - lse[..., None]) @ v, lse
+
+
+# %% grade_id: tiled_attention | cheat: the whole score matrix at once, normalised by hand, no tiles
+# expect: the whole [Nq, Nk] score matrix
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        s = s.masked_fill(torch.arange(n_k)[None, :] > torch.arange(n_q)[:, None] + n_k - n_q,
+                          float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m)
+    l = p.sum(-1, keepdim=True)
+    return p @ v / l, (m + torch.log(l)).squeeze(-1)
+
 
 # %% grade_id: tiled_attention | cheat: SDPA through an alias fetched by name
 # expect: is forbidden
@@ -540,6 +610,101 @@ class _Launcher:
 
 
 flash_attention_fwd_kernel = _Launcher()
+
+# %% grade_id: flash_attention_fwd_kernel | cheat: the kernel calls a Python helper that walks the stack and computes with torch; a dead tl.dot satisfies the look for tl.dot
+# expect: A kernel cell is Triton code
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _answer_from_the_launcher():
+    """Find the launch's tensors (and constexprs) in a caller's frame; write out and lse."""
+    frame = sys._getframe()
+    while frame is not None:
+        values = list(frame.f_locals.values())
+        meta = next((v for v in values if isinstance(v, dict) and "CAUSAL" in v), None)
+        for value in values:
+            if meta is not None and isinstance(value, (list, tuple)) and len(value) > 5 \
+                    and all(isinstance(t, torch.Tensor) for t in value[:5]):
+                q, k, v, out, lse = value[:5]
+                n_q, n_k, group, scale = value[-4:]
+                heads = lse.shape[0]
+                kk = k[:, :n_k].repeat_interleave(group, 0)[:heads]
+                vv = v[:, :n_k].repeat_interleave(group, 0)[:heads]
+                s = q[:heads, :n_q] @ kk.transpose(1, 2) * scale
+                if meta["CAUSAL"]:
+                    hidden = torch.arange(n_k)[None, :] > torch.arange(n_q)[:, None] + n_k - n_q
+                    s = s.masked_fill(hidden, float("-inf"))
+                out[:, :n_q] = torch.softmax(s, -1) @ vv
+                lse.copy_(torch.logsumexp(s, -1))
+        frame = frame.f_back
+
+
+@triton.jit
+def flash_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
+                               stride_qh, stride_qm, stride_kh, stride_kn,
+                               stride_vh, stride_vn, stride_oh, stride_om,
+                               n_queries, n_keys, group, sm_scale,
+                               CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    _answer_from_the_launcher()
+    if HEAD_DIM < 0:
+        tl.dot(tl.zeros([BLOCK_M, HEAD_DIM], tl.float32), tl.zeros([HEAD_DIM, BLOCK_N], tl.float32))
+
+# %% grade_id: flash_attention_fwd_kernel | cheat: broadcast products and sums instead of tl.dot, with a dead tl.dot for the look
+# expect: a tl.dot counts only where it runs
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def flash_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
+                               stride_qh, stride_qm, stride_kh, stride_kn,
+                               stride_vh, stride_vn, stride_oh, stride_om,
+                               n_queries, n_keys, group, sm_scale,
+                               CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+                               BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
+    start_m = tl.program_id(0) * BLOCK_M
+    head = tl.program_id(1)
+    kv_head = head // group
+    rows = start_m + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD_DIM)
+    row_ok = rows < n_queries
+    q = tl.load(q_ptr + head * stride_qh + rows[:, None] * stride_qm + dims[None, :],
+                mask=row_ok[:, None], other=0.0)
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+    offset = n_keys - n_queries
+    end = n_keys
+    if CAUSAL:
+        end = tl.minimum(n_keys, start_m + BLOCK_M + offset)   # later key tiles are all masked
+    for start_n in range(0, end, BLOCK_N):
+        cols = start_n + tl.arange(0, BLOCK_N)
+        col_ok = cols < n_keys
+        k = tl.load(k_ptr + kv_head * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+                    mask=col_ok[:, None], other=0.0)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale
+        visible = col_ok[None, :]
+        if CAUSAL:
+            visible = visible & (cols[None, :] <= rows[:, None] + offset)
+        s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))              # finite: key 0 is in tile 0
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(s - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + kv_head * stride_vh + cols[:, None] * stride_vn + dims[None, :],
+                    mask=col_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m_i = m_new
+    tl.store(out_ptr + head * stride_oh + rows[:, None] * stride_om + dims[None, :],
+             acc / l_i[:, None], mask=row_ok[:, None])
+    tl.store(lse_ptr + head * n_queries + rows, m_i + tl.log(l_i), mask=row_ok)
+    if HEAD_DIM < 0:   # never runs: only there for a look that searches the source for tl.dot
+        tl.dot(q, tl.trans(q))
 
 # %% grade_id: flash_hbm_bytes | wrong: reads K and V once in total instead of once per query tile
 # expect: once per query tile

@@ -576,6 +576,43 @@ def paged_attention_gather(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_ta
     return out
 
 
+# %% grade_id: paged_decode_kernel | wrong: forgets to rescale the output when the max grows
+# expect: exp(m_old - m_new)
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
+                        context_lens_ptr, n_q_heads, n_kv_heads, max_blocks, sm_scale,
+                        BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    batch = row // n_q_heads
+    kv_head = (row % n_q_heads) // (n_q_heads // n_kv_heads)
+    dims = tl.arange(0, HEAD_DIM)
+    offsets = tl.arange(0, BLOCK_SIZE)
+    q = tl.load(q_ptr + row * HEAD_DIM + dims)
+    context_len = tl.load(context_lens_ptr + batch)
+    m_i = float("-inf")
+    l_i = 0.0
+    o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for logical in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
+        block = tl.load(block_tables_ptr + batch * max_blocks + logical).to(tl.int64)
+        visible = logical * BLOCK_SIZE + offsets < context_len
+        slots = block * BLOCK_SIZE + offsets
+        kv = (slots[:, None] * n_kv_heads + kv_head) * HEAD_DIM + dims[None, :]
+        k = tl.load(k_cache_ptr + kv, mask=visible[:, None], other=0.0)
+        v = tl.load(v_cache_ptr + kv, mask=visible[:, None], other=0.0)
+        scores = tl.where(visible, tl.sum(q[None, :] * k, axis=1) * sm_scale, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+        rescale = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new)
+        l_i = l_i * rescale + tl.sum(p, axis=0)
+        o_i = o_i + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+    tl.store(out_ptr + row * HEAD_DIM + dims, o_i / l_i)
+
+
 # %% grade_id: paged_decode_kernel | wrong: no mask on the last block (reads past context_len)
 # expect: every slot of the sequence's blocks was read
 import triton
@@ -650,7 +687,7 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_p
 
 
 # %% grade_id: paged_decode_kernel | wrong: a Python loop over single keys (correct but serial)
-# expect: steps one key at a time
+# expect: does not step one tile of BLOCK_SIZE keys
 import triton
 import triton.language as tl
 
@@ -681,6 +718,78 @@ def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_p
         o_i = o_i * rescale + p * v
         m_i = m_new
     tl.store(out_ptr + row * HEAD_DIM + dims, o_i / l_i)
+
+
+# %% grade_id: paged_decode_kernel | cheat: a loop over single keys dressed up with BLOCK_SIZE
+# expect: does not step one tile of BLOCK_SIZE keys
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
+                        context_lens_ptr, n_q_heads, n_kv_heads, max_blocks, sm_scale,
+                        BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    row = tl.program_id(0)
+    batch = row // n_q_heads
+    kv_head = (row % n_q_heads) // (n_q_heads // n_kv_heads)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + row * HEAD_DIM + dims)
+    context_len = tl.load(context_lens_ptr + batch)
+    m_i = float("-inf")
+    l_i = 0.0
+    o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for position in range(0, context_len + 0 * BLOCK_SIZE):
+        block = tl.load(block_tables_ptr + batch * max_blocks + position // BLOCK_SIZE).to(tl.int64)
+        slot = block * BLOCK_SIZE + position % BLOCK_SIZE
+        k = tl.load(k_cache_ptr + (slot * n_kv_heads + kv_head) * HEAD_DIM + dims)
+        v = tl.load(v_cache_ptr + (slot * n_kv_heads + kv_head) * HEAD_DIM + dims)
+        score = tl.sum(q * k, axis=0) * sm_scale
+        m_new = tl.maximum(m_i, score)
+        rescale = tl.exp(m_i - m_new)
+        p = tl.exp(score - m_new)
+        l_i = l_i * rescale + p
+        o_i = o_i * rescale + p * v
+        m_i = m_new
+    tl.store(out_ptr + row * HEAD_DIM + dims, o_i / l_i)
+
+
+# %% grade_id: paged_decode_kernel | cheat: the kernel calls a Python helper that walks the stack to the launcher's tensors and answers with torch
+# expect: A kernel cell is Triton code
+import math
+import sys
+
+import torch
+import triton
+import triton.language as tl
+
+
+def _answer_from_the_launcher():
+    """Find the launch's tensors in a caller's frame and write out with torch."""
+    frame = sys._getframe()
+    while frame is not None:
+        for value in list(frame.f_locals.values()):
+            if isinstance(value, (list, tuple)) and len(value) >= 6 \
+                    and all(isinstance(t, torch.Tensor) for t in value[:6]):
+                q, k_cache, v_cache, out, tables, lens = value[:6]
+                block_size, kv_heads, dim = k_cache.shape[1:]
+                group = q.shape[1] // kv_heads
+                flat_k, flat_v = (c.reshape(-1, kv_heads, dim) for c in (k_cache, v_cache))
+                for b in range(q.shape[0]):
+                    pos = torch.arange(int(lens[b]))
+                    slots = tables[b].long()[pos // block_size] * block_size + pos % block_size
+                    k = flat_k[slots].transpose(0, 1).repeat_interleave(group, 0)
+                    v = flat_v[slots].transpose(0, 1).repeat_interleave(group, 0)
+                    w = torch.softmax(torch.einsum("hd,hnd->hn", q[b], k) / math.sqrt(dim), -1)
+                    out[b] = torch.einsum("hn,hnd->hd", w, v)
+        frame = frame.f_back
+
+
+@triton.jit
+def paged_decode_kernel(q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, block_tables_ptr,
+                        context_lens_ptr, n_q_heads, n_kv_heads, max_blocks, sm_scale,
+                        BLOCK_SIZE: tl.constexpr, HEAD_DIM: tl.constexpr):
+    _answer_from_the_launcher()
 
 
 # %% grade_id: paged_decode_kernel | cheat: not a kernel, a launcher that computes with torch

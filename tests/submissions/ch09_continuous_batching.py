@@ -66,6 +66,44 @@ def simulate_batching(workload, max_batch, policy):
     return stats
 
 
+# %% grade_id: simulate_batching | wrong: TTFT counted from admission instead of arrival (the queue is left out)
+# expect: ARRIVAL, not at its admission
+def simulate_batching(workload, max_batch, policy):
+    def percentile(values, q):
+        ordered = sorted(values)
+        position = (len(ordered) - 1) * q / 100
+        low = int(position)
+        high = min(low + 1, len(ordered) - 1)
+        return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+    queue, waiting, running, first, last, held, step = list(workload), [], [], {}, {}, 0, 0
+    admitted = {}
+    while queue or waiting or running:
+        while queue and queue[0]["arrival"] <= step:
+            waiting.append(queue.pop(0))
+        if policy == "continuous" or not running:
+            free = max_batch - len(running)
+            running += [{"id": r["id"], "left": r["output_len"]} for r in waiting[:free]]
+            admitted |= {r["id"]: step for r in waiting[:free]}
+            waiting = waiting[free:]
+        held += len(running)
+        for request in running:
+            first.setdefault(request["id"], step)
+            last[request["id"]] = step
+            request["left"] -= 1
+        running = [r for r in running if r["left"] > 0]
+        step += 1
+    ttft = [first[r["id"]] + 1 - admitted[r["id"]] for r in workload]
+    tpot = [(last[r["id"]] - first[r["id"]]) / (r["output_len"] - 1) for r in workload
+            if r["output_len"] > 1]
+    stats = {"steps": step, "slot_utilisation": held / (max_batch * step),
+             "throughput": sum(r["output_len"] for r in workload) / step}
+    for name, values in (("ttft", ttft), ("tpot", tpot)):
+        stats |= {f"{name}_mean": sum(values) / len(values), f"{name}_p50": percentile(values, 50),
+                  f"{name}_p99": percentile(values, 99)}
+    return stats
+
+
 # %% grade_id: simulate_batching | wrong: "static" refills freed slots at once (that is continuous batching)
 # expect: EVERY request of the current batch
 def simulate_batching(workload, max_batch, policy):

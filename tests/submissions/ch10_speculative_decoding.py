@@ -52,6 +52,13 @@ def accept_and_residual(p, q, draft_token):
     return min(1.0, float(p[draft_token] / q[draft_token])), p.clone()
 
 
+# %% grade_id: accept_and_residual | wrong: divides by the residual's sum even when it is 0 (p == q)
+# expect: return p itself rather than dividing
+def accept_and_residual(p, q, draft_token):
+    residual = (p - q).clamp_min(0.0)
+    return min(1.0, float(p[draft_token]) / float(q[draft_token])), residual / residual.sum()
+
+
 # %% grade_id: accept_and_residual | cheat: imports the reference speculative_accept module
 # expect: is not allowed
 from reference.speculative import speculative_accept
@@ -85,7 +92,7 @@ from reference.speculative import tree_attention_mask  # noqa: F401
 
 
 # %% grade_id: speculative_generate | wrong: never rolls the target's cache back
-# expect: KV cache full
+# expect: The target's cache filled up
 def speculative_generate(target, draft, prompt_ids, n_new, k, target_cache, draft_cache):
     tokens, out = list(prompt_ids), []
     if len(tokens) > 1:
@@ -146,6 +153,17 @@ def speculative_generate(target, draft, prompt_ids, n_new, k, target_cache, draf
     out = [int(logits[0, -1].argmax())]
     while len(out) < n_new:
         out.append(int(target(torch.tensor([[out[-1]]]), cache=target_cache)[0, -1].argmax()))
+    return out
+
+
+# %% grade_id: speculative_generate | cheat: plain greedy decoding into a cache of its own (target.new_cache), no drafts
+# expect: no target pass verified drafts
+def speculative_generate(target, draft, prompt_ids, n_new, k, target_cache, draft_cache):
+    cache = target.new_cache(batch=1, max_len=len(prompt_ids) + n_new)
+    logits = target(torch.tensor([list(prompt_ids)]), cache=cache)
+    out = [int(logits[0, -1].argmax())]
+    while len(out) < n_new:
+        out.append(int(target(torch.tensor([[out[-1]]]), cache=cache)[0, -1].argmax()))
     return out
 
 

@@ -47,6 +47,21 @@ def shared_prefix_generate(model, prefix, suffixes, n_new):
     return replies
 
 
+# %% grade_id: shared_prefix_generate | cheat: the prefix once, then each request alone at batch 1 (truncate back to the prefix)
+# expect: served one at a time
+def shared_prefix_generate(model, prefix, suffixes, n_new):
+    cache = model.new_cache(1, len(prefix) + len(suffixes[0]) + n_new)
+    model(torch.tensor([prefix]), cache=cache)
+    replies = []
+    for suffix in suffixes:
+        cache.truncate(len(prefix))
+        reply = [int(model(torch.tensor([suffix]), cache=cache)[0, -1].argmax())]
+        while len(reply) < n_new:
+            reply.append(int(model(torch.tensor([[reply[-1]]]), cache=cache)[0, -1].argmax()))
+        replies.append(reply)
+    return replies
+
+
 # %% grade_id: shared_prefix_generate | cheat: imports the reference generate
 # expect: is not allowed
 from reference.decoding import generate as _generate
@@ -142,6 +157,27 @@ def lookup_generate(model, prompt_ids, source, n_new, k, ngram=2):
     while len(tokens) < n_new:
         tokens.append(int(model(torch.tensor([[tokens[-1]]]), cache=cache)[0, -1].argmax()))
     return tokens
+
+
+# %% grade_id: lookup_generate | cheat: verifies each draft without a cache, re-running the whole sequence (nothing to roll back)
+# expect: every call must go through one cache
+def lookup_generate(model, prompt_ids, source, n_new, k, ngram=2):
+    tokens = list(prompt_ids)
+    cache = model.new_cache(1, len(prompt_ids))
+    tokens.append(int(model(torch.tensor([tokens]), cache=cache)[0, -1].argmax()))
+    while len(tokens) - len(prompt_ids) < n_new:
+        needed = n_new - (len(tokens) - len(prompt_ids)) - 1
+        draft, tail = [], tokens[-ngram:]
+        for start in range(len(source) - ngram, -1, -1):
+            if source[start:start + ngram] == tail:
+                draft = source[start + ngram:start + ngram + min(k, needed)]
+                break
+        best = model(torch.tensor([tokens + draft]))[0, len(tokens) - 1:].argmax(-1).tolist()
+        accepted = 0
+        while accepted < len(draft) and draft[accepted] == best[accepted]:
+            accepted += 1
+        tokens += draft[:accepted] + [best[accepted]]
+    return tokens[len(prompt_ids):]
 
 
 # %% grade_id: lookup_generate | cheat: the reference greedy loop, imported under another name
