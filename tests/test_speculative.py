@@ -306,6 +306,18 @@ def test_benchmark_rows_on_the_tiny_model():
     assert all(r["same"] and r["tokens"] == 12 and r["tok_s"] > 0 for r in rows)
 
 
+def test_benchmark_table_shows_how_much_of_the_passes_promise_reached_the_clock(capsys):
+    from reference.spec_bench import print_table
+
+    row = dict(tokens=64, tok_s=38.0, same=True, draft_share=0.0)
+    print_table({"grounded": [dict(row, drafter="none (plain decoding)", ratio=1.0, alpha=None, tokens_per_pass=1.0),
+                              dict(row, drafter="prompt lookup", ratio=2.13, alpha=0.77, tokens_per_pass=2.42)]})
+    lines = capsys.readouterr().out.splitlines()
+    assert "of promise" in lines[0]
+    assert " 88% " in lines[-1], "2.13x over 2.42 tokens per pass is 88% of the promise"
+    assert lines[-2].count("%") == 1, "plain decoding promises nothing: only its draft-time share is a percentage"
+
+
 def test_benchmark_engine_rows_on_the_tiny_model():
     from types import SimpleNamespace as Args
 
