@@ -77,6 +77,10 @@ class _Cell:
         self.problems: list[str] = []
         for node in tree.body:
             self._top_level(node)
+        if not any(isinstance(n, (ast.Import, ast.ImportFrom)) for n in tree.body):
+            # the kernel's own source (check() in a notebook) or a cell relying on an earlier
+            # cell's imports: the usual names, as they resolve when it runs
+            self.modules = {"triton": "triton", "tl": "triton.language", "math": "math"}
 
     def _top_level(self, node: ast.stmt) -> None:
         where = f"line {node.lineno}"

@@ -320,3 +320,9 @@ def test_every_forward_is_recorded_with_its_model_whatever_cache_it_goes_into():
                              "kwargs": kwargs})["ok"]
     assert [(f.model, f.cache) for f in store.trace] == [(store.model_id(target), cache["id"]),
                                                          (store.model_id(draft), None)]
+
+
+def test_a_kernel_source_without_its_imports_uses_the_usual_names():
+    from autograder.kernel_rules import cell_problem
+    kernel_only = KERNEL_HEAD.split("\n\n\n", 1)[1] + "    tl.store(out_ptr + offsets, x)\n"
+    assert cell_problem(kernel_only, "kern") is None

@@ -81,7 +81,8 @@ def speculative_generate(target, draft, prompt_ids: list[int], n_new: int, k: in
     Each round: the draft proposes d_1..d_k greedily; ONE target forward over
     [last token, d_1..d_k] checks them; keep the drafts up to the first one that differs from
     the target's argmax, then add the target's own token (its correction, or the bonus token
-    when all k agree); cut both caches back so that they hold every kept token but the last.
+    when all k agree); cut both caches back so that they hold every kept token but the last
+    (when all k drafts are accepted, the draft's cache never saw d_k: feed it to catch up).
     """
     tokens, out = list(prompt_ids), []
     if len(tokens) > 1:

@@ -108,7 +108,8 @@ def lookup_generate(model, prompt_ids: list[int], source: list[int], n_new: int,
     k: most draft tokens per verification (>= 1). ngram: length of the tail to look up (>= 1).
     Draft rule: find the LATEST occurrence in `source` of the last `ngram` tokens of the sequence
     (prompt + new tokens so far) and propose the tokens that follow it: at most k, and never more
-    than are still needed (n_new - new tokens so far - 1); no occurrence, no draft.
+    than are still needed (n_new - new tokens so far - 1); no occurrence, no draft. The latest
+    occurrence is the one that starts last, even at the very end of `source` (then no draft).
     Returns the n_new new ids, identical to plain greedy decoding. Model calls: one prefill
     [1, len(prompt_ids)], then one [1, 1 + len(draft)] per verification feeding the newest token
     and the draft; after each, cache.truncate keeps only the accepted tokens' keys and values.

@@ -6,6 +6,10 @@ Expected values come from ``reference.kernels.torch_reference`` (plain attention
 produce (mask off by one, queries not aligned to the end, tail tile dropped, wrong K/V head) to
 name the slip. The kernel runs in the learner's process under ``TRITON_INTERPRET=1``; the grader
 owns its launcher, poisons every output and the spare rows and heads of its input buffers with NaN.
+Tiled means tiled: ``tiled_attention`` runs once on a float64 case whose whole score matrix is 5%
+larger than the sandbox's memory limit (``--memory-mb``), so only a tiled computation finishes;
+the kernel cell must be Triton code (``autograder.kernel_rules``) with a reachable ``tl.dot`` and a
+loop stepping whole key tiles.
 """
 from __future__ import annotations
 

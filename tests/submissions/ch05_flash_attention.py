@@ -170,7 +170,7 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     return out, lse
 
 # %% grade_id: tiled_attention | cheat: the whole score matrix at once with torch.logsumexp, no tiles
-# expect: is forbidden
+# expect: which this exercise forbids
 import math
 
 import torch
