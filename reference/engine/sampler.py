@@ -9,8 +9,9 @@ or through `reference.decoding.generate`. What changes is the host time:
   from the generator (the exponential race, PyTorch's own method for one sample), so each request
   draws its own q row from its own generator and one division and one argmax serve the batch;
 - top-p without sorting the vocabulary: the nucleus is found among the largest m + 1
-  probabilities (`torch.topk`) whenever they decide it, which is nearly always (sorting 49,152
-  probabilities costs ~8 ms on the course's CPU; the top 257 cost ~0.1 ms).
+  probabilities (`torch.topk`) whenever they decide it, trying m = 16, then 256, then 2048 (a
+  chat model's nucleus at top-p 0.95 is usually a handful of tokens; sorting all 49,152
+  probabilities costs ~8 ms on the course's CPU, the top 17 ~0.15 ms, the top 257 ~0.3 ms).
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from torch import Tensor
 
 from reference import decoding
 
-TOP_P_CANDIDATES = (256, 2048)   # m tried in turn before sorting the whole vocabulary
+TOP_P_CANDIDATES = (16, 256, 2048)   # m tried in turn before sorting the whole vocabulary
 
 
 class Sampler:
