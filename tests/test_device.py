@@ -13,11 +13,12 @@ from reference.engine import LLM, SamplingParams
 from reference.model import build_tiny, load_model
 from reference.tokenizer import ByteTokenizer
 
+from devices import DEVICES
+
 CUDA = torch.cuda.is_available()
-needs_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU")
 
 
-@pytest.fixture(params=["cpu", pytest.param("cuda", marks=needs_cuda)])
+@pytest.fixture(params=DEVICES)
 def device(request):
     return request.param
 

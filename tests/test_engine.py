@@ -10,13 +10,15 @@ from reference.decoding import generate
 from reference.engine import LLM, SamplingParams
 from reference.model import build_tiny
 from reference.tokenizer import ByteTokenizer
+from devices import DEVICES
 
 MAX_TOKENS = 20
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return build_tiny(0), ByteTokenizer()
+@pytest.fixture(scope="module", params=DEVICES)
+def tiny(request):
+    """The tiny model on each device present: on a GPU every engine test also runs on CUDA."""
+    return build_tiny(0).to(request.param), ByteTokenizer()
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +30,9 @@ def prompts():
 
 
 @pytest.fixture(scope="module")
-def expected(tiny, prompts):
-    model, tok = tiny
+def expected(prompts):
+    """What single-sequence decoding on the CPU returns: the engine must match it on any device."""
+    model, tok = build_tiny(0), ByteTokenizer()
     return [generate(model, tok.encode(p), MAX_TOKENS) for p in prompts]
 
 
