@@ -32,14 +32,19 @@ class PromptLookupDrafter:
     """Propose the continuation of the most recent earlier occurrence of the last n tokens.
 
     Tries n = max_ngram down to min_ngram and proposes up to k tokens that followed the latest
-    match. Input-grounded tasks (edit this code, rewrite this passage) repeat long spans of the
-    prompt, so the copies are often right; open-ended chat rarely matches.
+    match, but at most `unigram_drafts` after a match of a single token: one shared token is weak
+    evidence (on open chat it matched on 207 of 250 steps for 3 accepted drafts; capping it at one
+    draft cut the proposals to 71 and cost one extra pass on the grounded task, 37 against 36).
+    Input-grounded tasks (edit this code, rewrite this passage) repeat long spans of the prompt,
+    so the copies are often right; open-ended chat rarely matches.
     """
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1):
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1, unigram_drafts: int = 1):
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
-        self.max_ngram, self.min_ngram = max_ngram, min_ngram
+        if unigram_drafts < 0:
+            raise ValueError(f"unigram_drafts must be >= 0, got {unigram_drafts}")
+        self.max_ngram, self.min_ngram, self.unigram_drafts = max_ngram, min_ngram, unigram_drafts
 
     def reset(self, max_len: int) -> None:
         """Nothing to forget: every proposal is read off the sequence itself."""
@@ -51,7 +56,7 @@ class PromptLookupDrafter:
             # latest start i < len - n with tokens[i:i+n] == tail (the tail itself excluded)
             for start in range(len(tokens) - n - 1, -1, -1):
                 if tokens[start:start + n] == tail:
-                    return tokens[start + n:start + n + k], None
+                    return tokens[start + n:start + n + (k if n > 1 else min(k, self.unigram_drafts))], None
         return [], None
 
 

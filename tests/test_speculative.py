@@ -219,6 +219,16 @@ def test_prompt_lookup_copies_the_latest_continuation_of_the_longest_ngram():
         PromptLookupDrafter(max_ngram=1, min_ngram=2)
 
 
+def test_a_single_shared_token_drafts_only_unigram_drafts_tokens():
+    tokens = [4, 1, 2, 3, 9, 4]                       # only the unigram [4] recurs
+    assert PromptLookupDrafter().propose(tokens, 4)[0] == [1], "a one-token match is weak evidence"
+    assert PromptLookupDrafter(unigram_drafts=4).propose(tokens, 4)[0] == [1, 2, 3, 9]
+    assert PromptLookupDrafter(unigram_drafts=0).propose(tokens, 4)[0] == []
+    assert PromptLookupDrafter().propose([7, 4, 1, 2, 3, 7, 4], 3)[0] == [1, 2, 3], "a bigram match drafts k"
+    with pytest.raises(ValueError):
+        PromptLookupDrafter(unigram_drafts=-1)
+
+
 def test_all_layers_reproduce_the_model_and_fewer_layers_differ():
     model = build_tiny(3)
     ids = torch.tensor([list(b"hello world")])
