@@ -26,7 +26,8 @@ import time
 
 import torch
 
-from reference.serve_bench import provenance
+from reference.device import resolve_device
+from reference.measure import provenance
 from reference.serve_workload import SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, make_workload
 
 HF_SEQUENTIAL, HF_BATCH = "HF generate, sequential", "HF generate_batch"
@@ -39,7 +40,7 @@ def hf_sequential(hf, prompts: list[list[int]], n: int) -> list[list[int]]:
     """Each prompt through transformers' greedy `generate`, exactly n new tokens."""
     outs = []
     for ids in prompts:
-        inputs = torch.tensor([ids])
+        inputs = torch.tensor([ids], device=hf.device)
         out = hf.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=n, min_new_tokens=n,
                           do_sample=False, pad_token_id=hf.config.eos_token_id)
         outs.append(out[0, len(ids):].tolist())
@@ -58,10 +59,12 @@ def hf_batch(hf, prompts: list[list[int]], n: int) -> list[list[int]]:
     return [list(o.generated_tokens) for o in by_index]
 
 
-def ours_engine(model, tokenizer, prompts: list[list[int]], n: int, prefix_caching: bool) -> list[list[int]]:
+def ours_engine(model, tokenizer, prompts: list[list[int]], n: int, prefix_caching: bool,
+                attention: str = "torch") -> list[list[int]]:
     from reference.engine import LLM, SamplingParams
 
-    llm = LLM(model, tokenizer=tokenizer, max_num_seqs=len(prompts), enable_prefix_caching=prefix_caching)
+    llm = LLM(model, tokenizer=tokenizer, max_num_seqs=len(prompts), enable_prefix_caching=prefix_caching,
+              attention=attention)
     outs = llm.generate(prompts, SamplingParams(max_tokens=n, ignore_eos=True))
     return [o.token_ids for o in outs]
 
@@ -72,24 +75,26 @@ def ours_sequential(model, prompts: list[list[int]], n: int) -> list[list[int]]:
     return [generate(model, ids, n) for ids in prompts]
 
 
-def runners(model, tokenizer, hf) -> dict:
+def runners(model, tokenizer, hf, attention: str = "torch") -> dict:
     """Row name -> fn(prompts, n) -> replies, peers first."""
     if hf is not None:
         peers = {HF_SEQUENTIAL: lambda p, n: hf_sequential(hf, p, n), HF_BATCH: lambda p, n: hf_batch(hf, p, n)}
     else:
         peers = {OURS_SEQUENTIAL: lambda p, n: ours_sequential(model, p, n)}
     return {**peers,
-            "ours: engine": lambda p, n: ours_engine(model, tokenizer, p, n, False),
-            "ours: engine + prefix cache": lambda p, n: ours_engine(model, tokenizer, p, n, True)}
+            "ours: engine": lambda p, n: ours_engine(model, tokenizer, p, n, False, attention),
+            "ours: engine + prefix cache": lambda p, n: ours_engine(model, tokenizer, p, n, True, attention)}
 
 
-def measure(model, tokenizer, hf, prompts: list[list[int]], n: int) -> list[dict]:
+def measure(model, tokenizer, hf, prompts: list[list[int]], n: int, attention: str = "torch") -> list[dict]:
     """One timed run per row (after a short warm-up of each); rows with tok/s and replies."""
     rows = []
-    for name, run in runners(model, tokenizer, hf).items():
+    for name, run in runners(model, tokenizer, hf, attention).items():
         run(prompts[:2], 2)                                  # warm-up: thread pool, allocator, kernels
         start = time.perf_counter()
         replies = run(prompts, n)
+        if model.device.type == "cuda":
+            torch.cuda.synchronize()
         seconds = time.perf_counter() - start
         rows.append(dict(config=name, seconds=seconds, tokens=sum(map(len, replies)),
                          tok_s=sum(map(len, replies)) / seconds, replies=replies))
@@ -122,23 +127,27 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--seed", type=int, default=0, help="seed of the user messages")
     parser.add_argument("--threads", type=int, default=None, help="default: the cores free now")
     parser.add_argument("--model", choices=["smollm2-135m", "tiny"], default="smollm2-135m")
+    parser.add_argument("--device", default="auto", help="auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N")
+    parser.add_argument("--attention", default="torch", choices=["torch", "triton"], help="the engine's paged attention")
     parser.add_argument("--json", metavar="PATH", help="also write the rows and their provenance as JSON")
     args = parser.parse_args(argv)
+    args.device = str(resolve_device(args.device))
     if args.requests < 1 or args.tokens < 1:
         parser.error("--requests and --tokens must be >= 1")
-    info = provenance(argv, configure(args.threads), "python -m reference.bench batch")
-    model, tokenizer = load_model(args.model)
+    info = provenance("python -m reference.bench batch", argv, configure(args.threads), args.device)
+    model, tokenizer = load_model(args.model, device=args.device)
     hf = None
     if args.model == "smollm2-135m":
         from reference.hf_peer import load_hf_peer
-        hf = load_hf_peer()
+        hf = load_hf_peer(device=args.device)
     system = SYSTEM_PROMPT if args.model == "smollm2-135m" else SHORT_SYSTEM_PROMPT
     prompts = [r.prompt_ids for r in make_workload(tokenizer, args.requests, args.tokens, args.seed,
                                                       system_prompt=system)]
-    print(f"{info['cpu']}, {info['threads']} threads, torch {info['torch']}; {args.requests} chat requests "
+    where = f"{info['gpu']} (CUDA {info['cuda']})" if "gpu" in info else f"{info['cpu']}, {info['threads']} threads"
+    print(f"{where}, torch {info['torch']}, attention {args.attention}; {args.requests} chat requests "
           f"({min(map(len, prompts))}-{max(map(len, prompts))} prompt tokens), {args.tokens} greedy tokens each",
           flush=True)
-    rows = measure(model, tokenizer, hf, prompts, args.tokens)
+    rows = measure(model, tokenizer, hf, prompts, args.tokens, args.attention)
     print("\n" + format_table(rows, args.requests))
     print("\ntok/s = all requests' output tokens / wall time of the call; vs X = tok/s over row X's; "
           "same = replies equal to the first row's, token for token.")

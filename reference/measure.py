@@ -9,6 +9,9 @@ step time / floor measures everything else a step spends (Python, small ops, all
 from __future__ import annotations
 
 import contextlib
+import datetime
+import os
+import platform
 import statistics
 import subprocess
 import sys
@@ -129,3 +132,32 @@ def competing_load(processes: int = 1, max_seconds: float = 600.0) -> Iterator[l
             proc.kill()
         for proc in procs:
             proc.wait()
+
+
+def provenance(command: str, argv: list[str], threads: int | None = None, device: str = "cpu") -> dict:
+    """What a measured table needs beside it: date (UTC), the command line, the CPU, cores allowed,
+    threads, torch / triton / Python versions and, when `device` is a GPU, its name, CUDA and
+    driver versions."""
+    cpu = platform.processor()
+    if os.path.exists("/proc/cpuinfo"):
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "command": " ".join([command, *argv]), "cpu": cpu,
+            "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
+            "threads": threads, "device": str(device), "torch": torch.__version__,
+            "python": platform.python_version()}
+    try:
+        import triton
+        info["triton"] = triton.__version__
+    except ImportError:
+        pass
+    if torch.device(device).type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(torch.device(device))
+        info["cuda"] = torch.version.cuda
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True, timeout=30).stdout.strip()
+        except (OSError, subprocess.SubprocessError):
+            info["driver"] = "unknown"
+    return info

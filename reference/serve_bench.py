@@ -23,16 +23,14 @@ so no prefix cache or counter carries over from one run to the next.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
-import os
-import platform
 import sys
 import time
 
 import torch
 
 from reference.__main__ import OneLineParser, positive
+from reference.measure import provenance
 from reference.serve_workload import (SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, RequestTiming, add_ratios,
                                       format_table, make_workload, prefix_hit_bound, summarize)
 from reference.threads import configure
@@ -143,16 +141,6 @@ def sequential_peer(model_name: str, model):
     return "ours, sequential", ours_generate_times(model)
 
 
-def provenance(argv: list[str], threads: int, command: str = "python -m reference.bench serve") -> dict:
-    """Date, the command line, CPU, threads and versions: what a measured table needs beside it."""
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor()) if os.path.exists("/proc/cpuinfo") else platform.processor()
-    return {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": " ".join([command, *argv]), "cpu": cpu,
-            "cpus_allowed": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
-            "threads": threads, "torch": torch.__version__, "python": platform.python_version()}
-
-
 def describe_workload(requests) -> str:
     """Prompt and output token counts (prefill vs decode work) and the best possible hit rate."""
     lengths = [len(r.prompt_ids) for r in requests]
@@ -231,7 +219,7 @@ def main(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if args.quick:
         args.requests, args.max_tokens = min(args.requests, 12), min(args.max_tokens, 32)
-    info = provenance(argv, configure(args.threads))
+    info = provenance("python -m reference.bench serve", argv, configure(args.threads))
     print(f"{info['cpu']}, {info['threads']} threads, torch {info['torch']}; model {args.model}, "
           f"{args.requests} requests, outputs <= {args.max_tokens} tokens, seed {args.seed}, "
           f"{args.max_num_seqs} engine slots", flush=True)

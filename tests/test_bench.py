@@ -9,6 +9,7 @@ import torch
 from reference import measure
 from reference.decoding import generate
 from reference.model import build_tiny
+from devices import DEVICES
 
 
 def test_floor_reads_every_weight_matrix_once(monkeypatch):
@@ -98,3 +99,19 @@ def test_batch_benchmark_rows_on_the_tiny_model():
     assert all(r["tokens"] == 15 and r["same_as_first"] == 3 and r["tok_s"] > 0 for r in rows)
     assert rows[2]["ratios"]["ours, sequential (peer stand-in)"] == rows[2]["tok_s"] / rows[0]["tok_s"]
     assert "3 / 3" in format_table(rows, 3)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_batch_benchmark_command_on_a_device_writes_its_provenance(tmp_path, capsys, device):
+    import json
+
+    from reference.batch_bench import main
+
+    path = tmp_path / "batch.json"
+    main(["--model", "tiny", "--requests", "2", "--tokens", "3", "--device", device, "--json", str(path)])
+    saved = json.loads(path.read_text())
+    info = saved["provenance"]
+    assert info["device"].startswith(device) and "--device" in info["command"] and info["torch"]
+    assert ("gpu" in info and info["cuda"]) if device == "cuda" else "gpu" not in info
+    assert [r["config"] for r in saved["rows"]][-1] == "ours: engine + prefix cache"
+    assert "ours: engine" in capsys.readouterr().out

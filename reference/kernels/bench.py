@@ -13,10 +13,8 @@ need a GPU).
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import time
@@ -24,29 +22,11 @@ import time
 import torch
 import torch.nn.functional as F
 
+from reference.measure import provenance
+
 SEQ_LENS = [512, 1024, 2048, 4096, 8192, 16384]
 TOKENS_PER_ROW = 16384          # batch * N kept constant, so every row does comparable work
 MODEL_WIDTH = 2048              # heads * D: 32 heads of 64 or 16 of 128
-
-
-def provenance(argv: list[str]) -> dict:
-    info = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "command": "python -m reference.bench kernels " + " ".join(argv),
-            "torch": torch.__version__, "python": platform.python_version()}
-    try:
-        import triton
-        info["triton"] = triton.__version__
-    except ImportError:
-        pass
-    if torch.cuda.is_available():
-        info["gpu"] = torch.cuda.get_device_name()
-        info["cuda"] = torch.version.cuda
-        try:
-            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                            capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            info["driver"] = "unknown"
-    return info
 
 
 def gpu_time_ms(fn) -> float:
@@ -216,7 +196,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.interpreter_check:                      # the child process started below
         print(json.dumps(interpreter_check()))
         return
-    result = {"provenance": provenance(argv)}
+    result = {"provenance": provenance("python -m reference.bench kernels", argv,
+                                       device="cuda" if torch.cuda.is_available() else "cpu")}
     seq_lens = [1024, 4096] if args.quick else SEQ_LENS
     if torch.cuda.is_available():
         print(f"{result['provenance']['gpu']}, torch {torch.__version__}, triton {result['provenance'].get('triton')}\n")
