@@ -22,7 +22,12 @@ import torch
 from autograder.errors import LearnerError
 from autograder.feedback import assert_close, assert_equal
 from autograder.inputs import generator, randint
-from autograder.kernel_rules import cell_problem, kernel_source, loop_problem, reachable_calls
+from autograder.kernel_rules import (
+    cell_problem,
+    kernel_source,
+    loop_problem,
+    reachable_calls,
+)
 from autograder.plugin import exercise
 from reference.kernels.flash_attention import hbm_bytes
 from reference.kernels.torch_reference import causal_mask

@@ -10,7 +10,6 @@ its outputs poisoned with NaN, under the interpreter when there is no GPU.
 """
 from __future__ import annotations
 
-import ast
 import math
 import os
 
@@ -22,6 +21,7 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 from autograder.errors import LearnerError
 from autograder.feedback import assert_close
 from autograder.inputs import generator, qkv, randint
+from autograder.kernel_rules import kernel_source, loop_problem
 from autograder.plugin import exercise
 from reference.kernels.torch_reference import naive_attention
 from reference.kernels.versions import GPU_GENERATIONS, HEAD_DIMS, pick_flash
@@ -242,31 +242,12 @@ def _run_kernel(learner, gen, batch, heads, kv_heads, n_keys, dim, num_splits):
     return (q, k, v, scale), tuple(t.cpu().double() for t in args[3:6])
 
 
-def _element_loops(source: str | None) -> str | None:
-    """Why the kernel's source loops over single elements, or None. Allowed: loops over tiles,
-    ``range(..., BLOCK_N)`` with BLOCK_N in the step, not nested (static look: in the
-    interpreter a per-key loop is merely slow, on a GPU it serialises the program)."""
-    try:
-        tree = ast.parse(source or "")
-    except SyntaxError:
-        return None
-    for loop in (n for n in ast.walk(tree) if isinstance(n, (ast.For, ast.While))):
-        if isinstance(loop, ast.While) or any(isinstance(n, (ast.For, ast.While))
-                                              for n in ast.walk(loop) if n is not loop):
-            return "a while loop or nested loops"
-        step = loop.iter.args[2] if isinstance(loop.iter, ast.Call) and len(loop.iter.args) == 3 \
-            else None
-        if step is None or "BLOCK_N" not in ast.unparse(step):
-            return f"`for ... in {ast.unparse(loop.iter)}` steps one element at a time"
-    return None
-
-
 def _check_kernel(learner, gen, batch, heads, kv_heads, n_keys, dim, num_splits):
     call = (f"decode_partial_kernel on q [{batch}, {heads}, {dim}], k/v [{batch}, {kv_heads}, "
             f"{n_keys}, {dim}], {num_splits} splits of {-(-n_keys // num_splits)} keys")
     (q, k, v, scale), got = _run_kernel(learner, gen, batch, heads, kv_heads, n_keys, dim, num_splits)
-    loops = _element_loops(learner.cell_source("decode_partial_kernel")
-                           if hasattr(learner, "cell_source") else None)
+    source = kernel_source(learner, "decode_partial_kernel")
+    loops = source and loop_problem(source, "decode_partial_kernel", "BLOCK_N")
     if loops:
         raise AssertionError(f"decode_partial_kernel: {loops}. Work on whole tiles: one loop "
                              "over the split's tiles, range(start, end, BLOCK_N), with tl.arange "

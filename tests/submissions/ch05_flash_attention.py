@@ -187,7 +187,7 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 
 
 # %% grade_id: tiled_attention | cheat: the whole score matrix at once, normalised by hand, no tiles
-# expect: the whole [Nq, Nk] score matrix
+# expect: The whole [Nq, Nk] score matrix
 import math
 
 import torch

@@ -169,6 +169,24 @@ class JITFunction:
 softmax_kernel = JITFunction()
 
 
+# %% grade_id: softmax_kernel | cheat: no import, no loop: the body reaches inspect through the namespace's F.torch, walks the stack to the launcher's tensors and answers with torch
+# expect: A kernel cell is Triton code
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
+    frames = F.torch._jit_internal.inspect.stack()
+    values = sum(map(lambda info: list(info.frame.f_locals.values()), frames), [])
+    found = list(filter(lambda v: isinstance(v, (list, tuple)) and len(v) == 5
+                        and isinstance(v[0], F.torch.Tensor) and isinstance(v[1], F.torch.Tensor), values))
+    x, n = found[0][0], found[0][2]
+    rows = x[:, :n].double()
+    p = F.torch.exp(rows - rows.amax(-1, keepdim=True))
+    list(map(lambda args: args[1][:, :n].copy_((p / p.sum(-1, keepdim=True)).to(args[1].dtype)), found))
+
+
 # %% grade_id: softmax_kernel | cheat: calls the reference kernel from its own
 # expect: is not allowed
 import triton

@@ -378,7 +378,7 @@ from reference.kernels.decode_attention import _split_kernel as decode_partial_k
 
 
 # %% grade_id: decode_partial_kernel | wrong: a Python loop over single keys (correct but serial)
-# expect: steps one element at a time
+# expect: does not step one tile of BLOCK_N keys
 import triton
 import triton.language as tl
 
@@ -400,6 +400,43 @@ def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
     l_i = 0.0
     o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
     for key in range(start, end):
+        k = tl.load(k_ptr + kv_base + key * HEAD_DIM + dims)
+        v = tl.load(v_ptr + kv_base + key * HEAD_DIM + dims)
+        score = tl.sum(q * k, axis=0) * sm_scale
+        m_new = tl.maximum(m_i, score)
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(score - m_new)
+        l_i = l_i * alpha + p
+        o_i = o_i * alpha + p * v
+        m_i = m_new
+    tl.store(m_ptr + row * num_splits + split, m_i)
+    tl.store(l_ptr + row * num_splits + split, l_i)
+    tl.store(o_ptr + (row * num_splits + split) * HEAD_DIM + dims, o_i)
+
+
+# %% grade_id: decode_partial_kernel | cheat: a loop over single keys whose step only mentions BLOCK_N (1 + 0 * BLOCK_N)
+# expect: does not step one tile of BLOCK_N keys
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
+                          n_q_heads, n_kv_heads, n_keys, chunk, num_splits, sm_scale,
+                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    batch = row // n_q_heads
+    kv_head = (row % n_q_heads) // (n_q_heads // n_kv_heads)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + row * HEAD_DIM + dims)
+    kv_base = (batch * n_kv_heads + kv_head) * n_keys * HEAD_DIM
+    start = split * chunk
+    end = tl.minimum(start + chunk, n_keys)
+    m_i = float("-inf")
+    l_i = 0.0
+    o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for key in range(start, end, 1 + 0 * BLOCK_N):
         k = tl.load(k_ptr + kv_base + key * HEAD_DIM + dims)
         v = tl.load(v_ptr + kv_base + key * HEAD_DIM + dims)
         score = tl.sum(q * k, axis=0) * sm_scale
