@@ -217,7 +217,8 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     scores = q @ k.transpose(-1, -2) / q.shape[-1] ** 0.5
     if causal:
         scores = scores.masked_fill(~_mask(q, k), float("-inf"))
-    return out, torch.logsumexp(scores, dim=-1)
+    top = scores.amax(-1, keepdim=True)
+    return out, (top + torch.log(torch.exp(scores - top).sum(-1, keepdim=True))).squeeze(-1)
 
 
 def _mask(q, k):
