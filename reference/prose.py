@@ -95,6 +95,23 @@ def pass_cost_sentence(positions: int, ratio: float, predicted: float,
                 "little on small products, so packing the weights once matters less here.")
     return head + tail
 
+
+def verification_sentence(pass_ratio: float, speedup: float, tokens_per_pass: float) -> str:
+    """Chapter 10's reading of prompt lookup's wall-clock gain: `pass_ratio` = a (k+1)-position
+    pass over a one-position step, `speedup` = plain time / speculative time, `tokens_per_pass` =
+    the passes' promise. Says how much of the promise reached the clock, and blames the pass cost
+    only when the pass was not nearly free (within 25%)."""
+    if not (pass_ratio > 0 and speedup > 0 and tokens_per_pass > 0):
+        raise ValueError("ratios must be > 0")
+    kept = f"the wall clock kept {speedup / tokens_per_pass:.0%} of what the saved passes promise"
+    if pass_ratio <= NEAR_ROOFLINE:
+        if speedup / tokens_per_pass >= 0.8:
+            return f"The extra positions were nearly free here, so {kept}."
+        return (f"The extra positions were nearly free here, yet {kept}: the rest went to the work "
+                "around the passes (drafting, checking the drafts, other load on the machine).")
+    return (f"Here the extra positions were not free, so every drafted token, accepted or not, cost "
+            f"time, and {kept}.")
+
 def exercise_list(notebook: str | Path) -> str:
     """A Markdown list of the graded exercises of an exercise notebook, read from the notebook.
 

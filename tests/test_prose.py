@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from reference.prose import (exercise_list, naive_growth_paragraph, pass_cost_sentence,
-                             speedup_phrase, times_phrase)
+                             speedup_phrase, times_phrase, verification_sentence)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -89,3 +89,15 @@ def test_pass_cost_without_a_plain_path_stops_after_the_first_sentence():
     assert "F.linear" not in pass_cost_sentence(8, 1.1, 1.0)
     with pytest.raises(ValueError):
         pass_cost_sentence(8, 0.0, 1.0)
+
+
+@pytest.mark.parametrize("pass_ratio, speedup, per_pass, words", [
+    (1.08, 2.13, 2.42, ["nearly free here, so", "88%"]),
+    (1.08, 1.00, 2.42, ["nearly free here, yet", "41%", "work around the passes"]),
+    (1.83, 0.95, 2.06, ["not free", "accepted or not", "46%"]),
+])
+def test_verification_sentence_follows_the_pass_cost_and_the_clock(pass_ratio, speedup, per_pass, words):
+    text = verification_sentence(pass_ratio, speedup, per_pass)
+    assert all(w in text for w in words), text
+    with pytest.raises(ValueError):
+        verification_sentence(1.0, 0.0, 2.0)
