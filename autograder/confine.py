@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 LIBC = ctypes.CDLL(None, use_errno=True)
-MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 1, 2, 4, 8, 4096, 16384
 SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
 PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 8, 24, 47
 PR_SET_NO_NEW_PRIVS, CAP_DAC_READ_SEARCH = 38, 2
@@ -35,18 +35,33 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
-def lock_down(hide: list[str]) -> str:
+def _read_only(path: bytes, what: str) -> None:
+    attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
+    _check(LIBC.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path, AT_RECURSIVE, ctypes.byref(attr),
+                        ctypes.sizeof(attr)), what)
+
+
+def lock_down(hide: list[str], restore: list[str] = ()) -> str:
     """Inside a new mount namespace: hide ``hide`` under empty read-only tmpfs mounts, make
-    every mount read-only, mount a fresh writable tmpfs on /tmp. Returns the private temp dir."""
+    every mount read-only, mount a fresh writable tmpfs on /tmp, then bind the directories of
+    ``restore`` that were under /tmp (a Python environment there) back at the same paths,
+    read-only (recursive binds: a hidden directory inside one stays hidden). Returns the private
+    temp dir."""
     flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
     for path in hide:
         _check(LIBC.mount(b"none", path.encode(), b"tmpfs", flags, b"size=4k,mode=0555"),
                f"mount tmpfs over {path}")
-    attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
-    _check(LIBC.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, b"/", AT_RECURSIVE, ctypes.byref(attr),
-                        ctypes.sizeof(attr)), "make / read-only")
+    _read_only(b"/", "make / read-only")
+    under_tmp = [p for p in restore if Path(p).is_relative_to("/tmp") and p != "/tmp"]
+    held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in under_tmp}
     _check(LIBC.mount(b"tmpfs", b"/tmp", b"tmpfs", MS_NOSUID | MS_NODEV,
                       b"size=512m,mode=1777"), "mount a private /tmp")
+    for path, fd in held.items():
+        os.makedirs(path, 0o755, exist_ok=True)
+        _check(LIBC.mount(f"/proc/self/fd/{fd}".encode(), path.encode(), None,
+                          MS_BIND | MS_REC, None), f"bind {path} back into the private /tmp")
+        os.close(fd)
+        _read_only(path.encode(), f"make {path} read-only")
     return "/tmp"
 
 

@@ -134,6 +134,13 @@ def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = N
         except SandboxUnavailable as exc:
             result.error, result.refused = str(exc), True
             return result
+        try:
+            learner.start()   # the environment works in the sandbox, or grading is refused
+        except SandboxUnavailable as exc:
+            learner.close()
+            result.error, result.refused = str(exc), True
+            result.seconds = time.monotonic() - start
+            return result
         result.isolation = learner.isolation
     try:
         result.outcomes = run_tests(Path(tests).resolve(), learner, seed)

@@ -8,8 +8,10 @@ import functools
 import os
 import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from pathlib import Path
 
@@ -47,6 +49,50 @@ def readable_by_all(path: str | Path) -> bool:
     """Whether every directory from / down to ``path`` can be entered by any user."""
     path = Path(path).resolve()
     return all(p.stat().st_mode & 0o001 for p in [path, *path.parents])
+
+
+def import_dirs(exclude: list[str]) -> list[str]:
+    """Every directory the worker imports from, as this (the grader's) interpreter sees them:
+    the prefixes of the environment and of the interpreter beneath it (a venv's base), the
+    standard library, site-packages of every kind (the environment's, user site, ``.pth``-added
+    and editable paths: all of ``sys.path``). Existing directories only, resolved, without those equal to,
+    inside or containing a directory of ``exclude`` (the grader's own packages stay hidden)."""
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
+                  *sys.path, *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        candidates.append(site.getusersitepackages())
+    paths = sysconfig.get_paths()
+    candidates += [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    excluded = [Path(e).resolve() for e in exclude]
+    found: list[str] = []
+    for entry in candidates:
+        if not entry or not os.path.isabs(entry) or not os.path.isdir(entry):
+            continue   # "" (the working directory), path hooks, zip files that do not exist
+        path = Path(entry).resolve()
+        if any(e == path or path in e.parents or e in path.parents for e in excluded) \
+                or str(path) in found:
+            continue
+        found.append(str(path))
+    return found
+
+
+def readable_dirs(dirs: list[str]) -> bool:
+    """Whether any user can list every directory of ``dirs`` and reach it from /."""
+    for folder in dirs:
+        path = Path(folder)
+        if not os.stat(path).st_mode & 0o004 or not readable_by_all(path):
+            return False
+    return True
+
+
+def outermost(dirs: list[str]) -> list[str]:
+    """``dirs`` without those inside another one of them."""
+    paths = sorted({Path(d) for d in dirs}, key=lambda p: len(p.parts))
+    kept: list[Path] = []
+    for path in paths:
+        if not any(k == path or k in path.parents for k in kept):
+            kept.append(path)
+    return [str(p) for p in kept]
 
 
 def hidden_dirs(hide: list[str], workdir: Path) -> list[str]:

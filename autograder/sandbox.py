@@ -31,8 +31,8 @@ from typing import Any, Iterable
 
 from autograder.errors import LearnerError
 from autograder.isolation import (UID_BASE, UNSHARE, SandboxUnavailable, can_switch_user,
-                                  delete_leftovers, hidden_dirs, kill_user,
-                                  namespaces_available, readable_by_all)
+                                  delete_leftovers, hidden_dirs, import_dirs, kill_user,
+                                  namespaces_available, outermost, readable_dirs)
 from autograder.kernel_rules import cell_problem
 from autograder.protocol import ProtocolError, read_message, write_message
 from autograder.refs import Handle, from_wire, to_wire
@@ -43,7 +43,24 @@ ENV_KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
 OUTPUT_LIMIT = 4000
 STARTUP_SECONDS = 120
 MAX_PROCESSES = 128
+# Imported by the worker once confined, before any learner code (those the grader can import):
+# the standard library, torch and its lazily loaded parts, numpy, triton.
+STARTUP_IMPORTS = ("math", "sysconfig", "json", "numpy", "torch", "torch.nn.functional",
+                   "torch.utils.serialization", "torch.utils.data", "triton", "triton.language")
 LIVE: set["SandboxLearner"] = set()
+
+
+class EnvironmentProblem(SandboxUnavailable):
+    """The sandbox worker cannot import what learner code needs (grading refused)."""
+
+
+def importable(name: str) -> bool:
+    """Whether this (the grader's) interpreter can import ``name``."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
 
 
 def kill_all() -> None:
@@ -75,6 +92,7 @@ class SandboxLearner(GraderSideTrace):
         self.exercise = None
         self._proc: subprocess.Popen | None = None
         self._handles: set[int] = set()
+        self._spawned = False
         self._output: list[str] = []
         reason = namespaces_available() if isolate else "disabled with --no-isolation"
         if reason is None:
@@ -116,17 +134,25 @@ class SandboxLearner(GraderSideTrace):
         if self.uid is not None:
             os.chown(self._workdir, self.uid, self.uid)
         cuda = torch.cuda.is_available()
+        hide = hidden_dirs(self.hide, self._workdir) if self.mode != "none" else []
+        imports = import_dirs(exclude=hide + [str(PACKAGE_ROOT / "autograder"),
+                                              str(PACKAGE_ROOT / "reference")])
         config = {"in": worker_in, "out": worker_out, "memory_mb": self.memory_mb,
                   "memory_limit": "data" if cuda else "as", "lockdown": self.mode == "namespaces",
-                  "hide": hidden_dirs(self.hide, self._workdir) if self.mode != "none" else [],
-                  "uid": self.uid, "keep_read": not readable_by_all(sys.prefix),
+                  "hide": hide, "restore": outermost(imports),
+                  "uid": self.uid, "keep_read": not readable_dirs(imports),
+                  "check_imports": [m for m in STARTUP_IMPORTS if importable(m)],
                   "tmp": str(self._workdir), "max_processes": MAX_PROCESSES,
                   "forbid": sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})}
         command = [sys.executable, "-s", "-m", "autograder.worker", json.dumps(config)]
         if self.mode == "namespaces":
             command = UNSHARE + command
         env = {k: os.environ[k] for k in ENV_KEPT if k in os.environ}
-        python_path = [str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")])]
+        # the grader's own sys.path (user site, .pth and editable paths) although the worker
+        # runs with -s: it imports from where the grader does
+        on_path = [str(Path(p).resolve()) for p in sys.path if p and os.path.isabs(p)]
+        python_path = [str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")]),
+                       *(p for p in on_path if p in imports)]
         env.update(PYTHONPATH=os.pathsep.join(python_path), AUTOGRADER_ROOT=str(PACKAGE_ROOT),
                    PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(min(4, os.cpu_count() or 1)))
         if not cuda:
@@ -145,11 +171,27 @@ class SandboxLearner(GraderSideTrace):
         except (LearnerError, TimeoutError) as exc:
             log = self._log.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"the sandbox worker failed to start ({exc}):\n{log}") from None
+        if ready.get("environment"):
+            self._kill()
+            raise EnvironmentProblem(
+                f"the Python environment does not work inside the sandbox: the worker "
+                f"{ready['environment']} (it imports from {', '.join(imports)}). Grade with a "
+                "Python installed where the sandbox can read it, or pass --no-isolation if you "
+                "trust the submissions")
         if not ready.get("ready"):
             raise RuntimeError("the sandbox worker did not start properly")
         layers = ready.get("isolation")
         if self.mode != "none" and isinstance(layers, list) and "(worker:" not in self.isolation:
             self.isolation += f" (worker: {', '.join(str(x) for x in layers)})"
+
+    def start(self) -> None:
+        """Start the first worker and load the cells, before any test: a worker that cannot
+        start in this environment (not the learner's doing, no learner code has run) raises
+        ``SandboxUnavailable`` and grading is refused."""
+        try:
+            self._ensure_worker()
+        except LearnerError:
+            pass   # the budget ran out while loading the cells: the tests say so
 
     def _ensure_worker(self) -> None:
         while self._proc is None:
@@ -159,8 +201,16 @@ class SandboxLearner(GraderSideTrace):
             start = time.monotonic()
             try:
                 self._spawn()
+            except RuntimeError as exc:
+                if self._spawned or isinstance(exc, SandboxUnavailable):
+                    raise
+                raise EnvironmentProblem(
+                    f"the Python environment does not work inside the sandbox: {exc}\nGrading "
+                    "refused. Grade with a Python installed where the sandbox can read it, or "
+                    "pass --no-isolation if you trust the submissions") from None
             finally:  # restarts count: a submission that crashes every call must not stall us
                 self._spent += time.monotonic() - start
+            self._spawned = True   # from now on a failed start may be the learner's doing
             for grade_id, source in self.cells:
                 if grade_id in self.cell_errors:
                     continue

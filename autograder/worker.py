@@ -3,13 +3,16 @@
 Started by ``autograder.sandbox`` as ``python -s -m autograder.worker CONFIG_JSON``. Trusted
 bootstrap (``autograder.confine``), in this order: import torch and the worker's own modules
 (never ``reference``); with ``lockdown`` (root, inside ``unshare``'s new namespaces) hide the
-grader's directories under empty read-only tmpfs mounts, make every other mount read-only and
-mount a private ``/tmp``; with ``uid`` drop to that unprivileged user and group (all
+grader's directories under empty read-only tmpfs mounts, make every other mount read-only,
+mount a private ``/tmp`` and bind the Python environment's directories that were under /tmp
+back, read-only; with ``uid`` drop to that unprivileged user and group (all
 capabilities go) and set no_new_privs; with Landlock, allow writes only in the private
 temporary directory (and, without namespaces, no reads of the grader's directories); fork (the
 parent only relays the exit status, so that killing "the parent" cannot reach the grader); set
 rlimits; install the forbidden-function guard; forget ``reference``/``autograder`` and block
-importing them. Then learner code runs.
+importing them; import what learner code may import (``check_imports``: on failure the worker
+says why and exits with ``ENVIRONMENT_BROKEN``, and the grader refuses to grade). Then learner
+code runs.
 
 Models and caches given to learner code are proxies (``autograder.proxies``): using one sends a
 ``remote`` request to the grader and waits for its answer on the same pipes.
@@ -17,6 +20,7 @@ Models and caches given to learner code are proxies (``autograder.proxies``): us
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import linecache
 import math
@@ -36,14 +40,27 @@ from autograder.confine import drop_privileges, landlock, lock_down
 from autograder.errors import describe
 from autograder.forbid import Guard
 from autograder.launching import launch
-from autograder.protocol import read_message, write_message
+from autograder.protocol import decode, encode, read_message, write_message
 from autograder.proxies import LearnerSide
 
 FORBIDDEN = ("reference", "autograder")
 CELL_DIR = "learner_cells"
 LIBC = ctypes.CDLL(None, use_errno=True)
 PR_SET_PDEATHSIG = 1
+ENVIRONMENT_BROKEN = 3  # exit status: the environment cannot run learner code in the sandbox
 
+
+def check_imports(modules: list[str]) -> str | None:
+    """Import ``modules`` (what a learner cell may import: the standard library, torch's lazily
+    loaded parts, numpy, triton), once confined. ``None`` when all import, else why not: a
+    directory of the Python environment the sandbox does not show (or lets the unprivileged
+    user read) would otherwise fail inside learner code and score zeros."""
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # noqa: BLE001 - an import may fail in any way
+            return f"cannot import {name} ({type(exc).__name__}: {exc})"
+    return None
 
 
 def cuda_usable() -> bool:
@@ -191,9 +208,10 @@ class Worker:
 
 def main(argv: list[str]) -> None:
     config = json.loads(argv[0])
+    decode(encode({"ready": True})[8:])   # the protocol's own lazy imports, before confinement
     tmp, isolation = config["tmp"], []
     if config["lockdown"]:
-        tmp = lock_down(config["hide"])
+        tmp = lock_down(config["hide"], config.get("restore", []))
         isolation.append("namespaces")
     if config["uid"] is not None or config["lockdown"]:
         drop_privileges(config["uid"], config["keep_read"])
@@ -212,6 +230,11 @@ def main(argv: list[str]) -> None:
         isolation.append("Triton kernels interpreted (no GPU inside the sandbox)")
     restrict(config["memory_mb"], config["memory_limit"],
              config["max_processes"] if config["uid"] is not None else None)
+    problem = check_imports(config.get("check_imports", []))
+    if problem is not None:
+        print(problem, file=sys.stderr, flush=True)   # in the grader's log, should this fail
+        write_message(config["out"], {"ready": False, "environment": problem})
+        os._exit(ENVIRONMENT_BROKEN)
     worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])
     write_message(worker.out_fd, {"ready": True, "isolation": isolation})
     while True:

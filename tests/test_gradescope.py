@@ -17,6 +17,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+from placement import linked_venv
 
 from autograder.source_notebook import source_notebook
 
@@ -50,13 +51,14 @@ def zip_path(tmp_path_factory) -> Path:
 
 
 def install(zip_path: Path, root: Path) -> None:
-    """What Gradescope does with the zip, plus a stand-in for the venv setup.sh creates."""
+    """What Gradescope does with the zip, plus a stand-in for the venv setup.sh creates: a venv
+    at ``<root>/venv`` whose site-packages links to this interpreter's packages (a symlink to
+    ``sys.executable`` would resolve to a venv's base interpreter, without torch)."""
     with zipfile.ZipFile(zip_path) as archive:
         archive.extractall(root / "source")
     shutil.copy(root / "source" / "run_autograder", root / "run_autograder")
     (root / "run_autograder").chmod(0o755)
-    (root / "venv" / "bin").mkdir(parents=True)
-    (root / "venv" / "bin" / "python").symlink_to(sys.executable)
+    linked_venv(root / "venv")   # a real venv with this interpreter's packages (placement.py)
 
 
 def notebook_text(sources: dict[str, str] | None = None) -> str:
