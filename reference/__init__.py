@@ -1,9 +1,52 @@
 """The course's reference implementation.
 
+The modules at this level, `engine/` and `kernels/` are what the book teaches; `calculators/`
+holds the chapters' pen-and-paper models (bytes, roofline, simulators) and `bench/` everything
+that measures (CONTRIBUTING.md has the map). The core never imports from `bench/`.
+
 Imported before torch, it asks OpenMP to let idle threads sleep rather than spin
 (OMP_WAIT_POLICY=PASSIVE unless set): decoding then degrades gently instead of collapsing when
 another process takes a core. Why, and what it costs: reference/threads.py.
 """
+import importlib.abc
+import sys
+
 from reference.threads import passive_wait
 
 passive_wait()
+
+# Modules that moved when reference/ was split by role: old name -> new name. Importing an old
+# name fails with a message naming the new place (a reader's notebook may still use it).
+MOVED = {
+    "reference.memory": "reference.calculators.memory",
+    "reference.hardware": "reference.calculators.hardware",
+    "reference.roofline": "reference.calculators.roofline",
+    "reference.batching_sim": "reference.calculators.batching_sim",
+    "reference.fragmentation": "reference.calculators.fragmentation",
+    "reference.contiguous": "reference.calculators.contiguous",
+    "reference.kernels.versions": "reference.calculators.flash_versions",
+    "reference.roofline_measure": "reference.bench.machine",
+    "reference.measure": "reference.bench.measure",
+    "reference.pass_bench": "reference.bench.passes",
+    "reference.batch_bench": "reference.bench.batch",
+    "reference.host_bench": "reference.bench.host",
+    "reference.serve_bench": "reference.bench.serve",
+    "reference.serve_workload": "reference.bench.workload",
+    "reference.spec_bench": "reference.bench.speculative",
+    "reference.kernels.bench": "reference.bench.kernels",
+    "reference.composition": "reference.bench.composition",
+    "reference.hf_peer": "reference.bench.hf_peer",
+    "reference.prose": "reference.bench.prose",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in MOVED:
+            # no name=: `from reference import memory` would then turn it into "cannot import name"
+            raise ModuleNotFoundError(f"{fullname} has moved: import {MOVED[fullname]} instead")
+        return None
+
+
+if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())

@@ -81,13 +81,26 @@ class DenseContext:
         if self.cache is not None:
             k, v = self.cache.append(layer, k, v)  # views of the whole cached prefix [B, H_kv, S, D]
         if self.backend == "triton":
-            from reference.kernels.model_backend import kernel_attention
             out = kernel_attention(q, k, v)
         elif self.backend == "naive":  # the new queries are the last T of the S keys: end-aligned causal
             out = grouped_query_attention(q, k, v, causal=T > 1)
         else:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=self.mask, enable_gqa=True)
         return out.transpose(1, 2).reshape(B, T, -1)
+
+
+def kernel_attention(q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    """The "triton" dense backend: q [B, Hq, T, D], k and v [B, Hkv, S, D] with T <= S -> [B, Hq, T, D].
+
+    The T new queries are the last T of the S cached positions (prefill: T = S, or a chunk after
+    a cached prefix; decode: T = 1): exactly the end-aligned causal mask of `flash_attention`; a
+    single query sees every key, the case `decode_attention` serves with split-K.
+    """
+    from reference.kernels import decode_attention, flash_attention  # Triton loads on first use
+
+    if q.shape[2] == 1:
+        return decode_attention(q[:, :, 0], k, v)[:, :, None]
+    return flash_attention(q, k, v, causal=True)
 
 
 @dataclass

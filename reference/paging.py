@@ -212,7 +212,8 @@ class BlockManager:
         a time: one `append_token` where a block may be taken, then the rest of that block at once.
         A bad token id raises TypeError / ValueError before anything is appended.
         """
-        table, tokens = self._table(seq_id), self._tokens[seq_id]
+        self._table(seq_id)                      # an unknown seq_id raises here
+        tokens = self._tokens[seq_id]
         for token_id in token_ids:
             _check_token_id(token_id)
         done, copies = 0, []

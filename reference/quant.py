@@ -27,7 +27,7 @@ import torch
 from torch import Tensor
 
 from reference.kv_cache import KVCache
-from reference.memory import tensor_bytes
+from reference.calculators.memory import tensor_bytes
 
 LEVELS = {"int8": 127, "int4": 15, "fp8": 448}
 FP16_ULP = 2.0 ** -10

@@ -76,11 +76,32 @@ def bonus_token(p: Tensor, generator: torch.Generator | None = None) -> int:
     return int(torch.multinomial(p, 1, generator=generator))
 
 
-def one_hot(token: int, vocab: int) -> Tensor:
+def one_hot(token: int, vocab: int, dtype: torch.dtype = torch.float32) -> Tensor:
     """The distribution [vocab] of a drafter that proposes `token` for certain."""
-    q = torch.zeros(vocab)
+    q = torch.zeros(vocab, dtype=dtype)
     q[token] = 1.0
     return q
+
+
+def accept_drafts(p: Tensor, drafts: list[int], q: Tensor | None,
+                  generator: torch.Generator | None = None) -> tuple[list[int], int, int]:
+    """The acceptance test over one round of drafts, left to right, stopping at the first rejection.
+
+    p: the target's probabilities [len(drafts) + 1, vocab] at the last token and after each draft;
+    q: the drafter's [len(drafts), vocab], or None for a deterministic drafter (one-hot).
+    Returns (tokens to emit, drafts checked, drafts accepted): the accepted drafts, then the
+    residual sample at the rejection or, when every draft passed, the bonus token from p[-1].
+    Shared by `speculative_generate` and the engine (`reference.engine.speculation`).
+    """
+    emitted = []
+    for i, token in enumerate(drafts):
+        q_i = q[i] if q is not None else one_hot(token, p.shape[-1], p.dtype)
+        accepted, token = speculative_accept(p[i], q_i, token, generator)
+        emitted.append(token)
+        if not accepted:
+            return emitted, i + 1, i
+    emitted.append(bonus_token(p[len(drafts)], generator))
+    return emitted, len(drafts), len(drafts)
 
 
 @dataclass
@@ -165,17 +186,9 @@ def speculative_generate(target, draft, prompt_ids: list[int], max_new_tokens: i
         p = to_probs(logits.cpu())  # [len+1, vocab], on the CPU with the generator
         stats.target_passes += 1
         stats.proposed += len(drafts)
-        new = []
-        for i, token in enumerate(drafts):
-            q_i = q[i] if q is not None else one_hot(token, p.shape[-1])  # a deterministic draft
-            accepted, token = speculative_accept(p[i], q_i, token, generator)
-            stats.checked += 1
-            stats.accepted += accepted
-            new.append(token)
-            if not accepted:
-                break
-        else:
-            new.append(bonus_token(p[len(drafts)], generator))
+        new, checked, accepted = accept_drafts(p, drafts, q, generator)
+        stats.checked += checked
+        stats.accepted += accepted
         for token in new:
             if token in stop:
                 stats.new_tokens, stats.seconds = len(out), time.perf_counter() - start

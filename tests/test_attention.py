@@ -4,7 +4,7 @@ import torch
 from torch.nn import functional as F
 
 from reference.attention import grouped_query_attention, repeat_kv
-from reference.memory import mla_kv_bytes
+from reference.calculators.memory import mla_kv_bytes
 from reference.mla import MLA, rope
 
 

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference.batching_sim import (continuous_batch_step, pareto_workload, percentile, run_schedule,
-                                    schedule_chunked, simulate_continuous, simulate_static)
+from reference.calculators.batching_sim import (continuous_batch_step, pareto_workload, percentile, run_schedule,
+                                                schedule_chunked, simulate_continuous, simulate_static)
 
 
 def request(rid, output_len, prompt_len=8, arrival=0):

@@ -2,12 +2,12 @@
 
 On the tiny model, with a pool large enough that nothing is preempted and no prefix cache, the
 engine (`reference.engine`) must sample each request's first and last token in the same step
-as `reference.batching_sim` says, for continuous batching with chunked prefill under a token
+as `reference.calculators.batching_sim` says, for continuous batching with chunked prefill under a token
 budget and for static batching: the two implement one policy, written twice.
 """
 import pytest
 
-from reference.batching_sim import pareto_workload, simulate_continuous, simulate_static
+from reference.calculators.batching_sim import pareto_workload, simulate_continuous, simulate_static
 from reference.engine import LLM, SamplingParams
 
 

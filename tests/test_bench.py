@@ -6,7 +6,7 @@ import sys
 import pytest
 import torch
 
-from reference import measure
+from reference.bench import decode, measure
 from reference.decoding import generate
 from reference.model import build_tiny
 from devices import DEVICES
@@ -15,9 +15,9 @@ from devices import DEVICES
 def test_floor_reads_every_weight_matrix_once(monkeypatch):
     model = build_tiny(0)
     seen = []
-    real_linear = measure.linear      # reference.cpu_linear.linear, as the model's layers use it
-    monkeypatch.setattr(measure, "linear", lambda x, w: seen.append(w) or real_linear(x, w))
-    measure.floor_step(model, measure.floor_inputs(model, batch=2, context=7))
+    real_linear = decode.linear      # reference.cpu_linear.linear, as the model's layers use it
+    monkeypatch.setattr(decode, "linear", lambda x, w: seen.append(w) or real_linear(x, w))
+    decode.floor_step(model, decode.floor_inputs(model, batch=2, context=7))
     matrices = [p for p in model.parameters() if p.dim() == 2]
     assert len(seen) == len(matrices)
     assert {id(w) for w in seen} == {id(p) for p in matrices}  # the model's own tensors, same layout
@@ -29,14 +29,14 @@ def test_step_bytes_counts_weights_and_each_sequences_kv():
     model = build_tiny(0)
     cfg = model.config
     kv_one = 2 * cfg.n_layers * cfg.n_kv_heads * cfg.head_dim * 100 * 4
-    assert measure.step_bytes(model, 100) == model.weight_bytes() + kv_one
-    assert measure.step_bytes(model, 100, batch=4) == model.weight_bytes() + 4 * kv_one
+    assert decode.step_bytes(model, 100) == model.weight_bytes() + kv_one
+    assert decode.step_bytes(model, 100, batch=4) == model.weight_bytes() + 4 * kv_one
 
 
 def test_batched_decode_matches_batch_one_greedy():
     model = build_tiny(1)
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    times, tokens = measure.batched_decode(model, prompt, batch=3, n_steps=10)
+    times, tokens = decode.batched_decode(model, prompt, batch=3, n_steps=10)
     assert len(times) == 10 and all(t > 0 for t in times)
     expected = generate(model, prompt, 11)
     for row in tokens.tolist():
@@ -57,7 +57,7 @@ def test_busy_loop_ends_by_itself():
 
 
 def test_copy_bandwidth_is_positive_and_finite():
-    bw = measure.copy_bandwidth(n_bytes=8 << 20, repeats=2)
+    bw = measure.copy_bandwidth(n_bytes=8 << 20, seconds=0.1)
     assert 1e8 < bw < 1e13
 
 
@@ -73,8 +73,8 @@ def test_bench_decode_prints_every_section():
 
 def test_pass_benchmark_times_every_implementation_and_predicts_from_the_roofline():
     from reference.model import ModelConfig
-    from reference.pass_bench import measure_passes, predicted_seconds, ratio_to_one
-    from reference.roofline_measure import MachineRoofline
+    from reference.bench.passes import measure_passes, predicted_seconds, ratio_to_one
+    from reference.bench.machine import MachineRoofline
 
     machine = MachineRoofline(copy_bandwidth=10e9, matmul_flops=100e9, copy_bytes=1, matmul_size=1, threads=1)
     model = build_tiny(0)
@@ -88,8 +88,8 @@ def test_pass_benchmark_times_every_implementation_and_predicts_from_the_rooflin
 
 
 def test_batch_benchmark_rows_on_the_tiny_model():
-    from reference.batch_bench import format_table, measure
-    from reference.serve_workload import SHORT_SYSTEM_PROMPT, make_workload
+    from reference.bench.batch import format_table, measure
+    from reference.bench.workload import SHORT_SYSTEM_PROMPT, make_workload
     from reference.tokenizer import ByteTokenizer
 
     tok = ByteTokenizer()
@@ -105,7 +105,7 @@ def test_batch_benchmark_rows_on_the_tiny_model():
 def test_batch_benchmark_command_on_a_device_writes_its_provenance(tmp_path, capsys, device):
     import json
 
-    from reference.batch_bench import main
+    from reference.bench.batch import main
 
     path = tmp_path / "batch.json"
     main(["--model", "tiny", "--requests", "2", "--tokens", "3", "--device", device, "--json", str(path)])

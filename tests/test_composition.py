@@ -1,10 +1,10 @@
-"""reference.composition: chapter 11's ladder on the tiny model (counters, same tokens every row)."""
+"""reference.bench.composition: chapter 11's ladder on the tiny model (counters, same tokens every row)."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from reference.composition import composition_ladder, loop_row
+from reference.bench.composition import composition_ladder, loop_row
 from reference.decoding import naive_work
 from reference.model import load_model
 
@@ -79,14 +79,14 @@ def test_bad_workload_is_refused(tiny):
 
 
 def _row(name, seconds, **counters):
-    from reference.composition import Row
+    from reference.bench.composition import Row
     base = {"new_tokens": 100, "model_calls": 100, "positions_fed": 500}
     return Row(name, seconds, **{**base, **counters})
 
 
 @pytest.mark.parametrize("seconds, word", [(1.0, "faster"), (4.0, "slower"), (2.05, "about as fast")])
 def test_step_sentence_words_the_measured_direction(seconds, word):
-    from reference.composition import step_sentence
+    from reference.bench.composition import step_sentence
     previous = _row("cached", 2.0)
     row = _row("batched", seconds, model_calls=25)
     sentence = step_sentence(previous, row)
@@ -96,7 +96,7 @@ def test_step_sentence_words_the_measured_direction(seconds, word):
 
 
 def test_the_reasons_quote_this_runs_counters():
-    from reference.composition import step_sentence
+    from reference.bench.composition import step_sentence
     prefix = step_sentence(_row("batched", 1.0), _row("prefix cache", 1.0, prefix_reused=48))
     assert "the 48 positions it saved were all prompt positions" in prefix and "of the 100 steps" in prefix
     spec = step_sentence(_row("continuous", 1.0), _row("speculative", 2.0, positions_fed=640))
@@ -104,7 +104,7 @@ def test_the_reasons_quote_this_runs_counters():
 
 
 def test_removed_names_each_techniques_saving():
-    from reference.composition import removed
+    from reference.bench.composition import removed
     assert removed(_row("naive", 1), _row("cached", 1, positions_fed=120)) == "380 recomputed positions"
     assert removed(_row("batched", 1), _row("prefix cache", 1, prefix_reused=48)) == \
         "48 duplicated prefix positions"

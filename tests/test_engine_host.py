@@ -168,7 +168,7 @@ def test_engine_reports_host_and_model_seconds():
 
 
 def test_engine_host_benchmark_prints_its_table(capsys):
-    from reference.bench import main
+    from reference.bench.__main__ import main
     main(["engine-host", "--model", "tiny", "--batch", "1", "3", "--steps", "3", "--threads", "1"])
     out = capsys.readouterr().out
     for column in ("step ms", "model ms", "host ms", "host %", "greedy", "top-p", "free cores"):

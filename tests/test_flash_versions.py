@@ -1,7 +1,7 @@
-"""reference.kernels.versions.pick_flash: the version rule of chapter 07 on every GPU of its table."""
+"""reference.calculators.flash_versions.pick_flash: the version rule of chapter 07 on every GPU of its table."""
 import pytest
 
-from reference.kernels.versions import GPU_GENERATIONS, HEAD_DIMS, pick_flash
+from reference.calculators.flash_versions import GPU_GENERATIONS, HEAD_DIMS, pick_flash
 
 EXPECTED_BY_GENERATION = {"Pascal": 0, "Volta": 0, "Ampere": 2, "Ada": 2, "Hopper": 3, "Blackwell": 4}
 

@@ -3,10 +3,10 @@ import math
 
 import pytest
 
-from reference.contiguous import ContiguousAllocator, OutOfSlots
-from reference.fragmentation import (WALKTHROUGH, WALKTHROUGH_BLOCK_SIZE, WALKTHROUGH_SLOTS, Arrive,
-                                     ContiguousPool, Finish, Grow, PagedPool, Request, random_workload,
-                                     replay, simulate)
+from reference.calculators.contiguous import ContiguousAllocator, OutOfSlots
+from reference.calculators.fragmentation import (WALKTHROUGH, WALKTHROUGH_BLOCK_SIZE, WALKTHROUGH_SLOTS, Arrive,
+                                                 ContiguousPool, Finish, Grow, PagedPool, Request, random_workload,
+                                                 replay, simulate)
 
 
 def test_first_fit_reuses_a_hole_only_when_it_is_long_enough():
@@ -113,7 +113,7 @@ def test_simulate_rejects_impossible_requests():
 
 
 def test_command_line_prints_the_walkthrough_and_a_workload(capsys):
-    from reference.fragmentation import main
+    from reference.calculators.fragmentation import main
     main()
     out = capsys.readouterr().out
     assert "refused D" in out and out.count("mean utilisation") == 2

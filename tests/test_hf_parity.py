@@ -3,7 +3,7 @@ import pytest
 import torch
 
 from reference.decoding import generate
-from reference.hf_peer import load_hf_peer
+from reference.bench.hf_peer import load_hf_peer
 from reference.model import load_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):",
@@ -62,7 +62,7 @@ def test_hf_prompt_lookup_peer_returns_our_greedy_tokens(models):
     """The speculative benchmark's peer rows: transformers' plain and prompt-lookup generate
     reproduce our greedy reply on the grounded task (so their tok/s compare like for like)."""
     from reference.drafters import PromptLookupDrafter
-    from reference.spec_bench import TASKS, hf_generate
+    from reference.bench.speculative import TASKS, hf_generate
     from reference.speculative import speculative_generate
 
     model, tok, hf = models

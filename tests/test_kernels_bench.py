@@ -4,7 +4,7 @@ import json
 import pytest
 import torch
 
-from reference.bench import main as bench_main
+from reference.bench.__main__ import main as bench_main
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="on a GPU the command runs the full timed benchmark")

@@ -1,16 +1,16 @@
 """KV-cache memory accounting: the formula, the presets, the seed tables, and a real cache's bytes.
 
 The seed documents' published numbers appear here as the claims under test; every value we
-compare them with is computed by ``reference.memory``. Where a seed uses another convention or
+compare them with is computed by ``reference.calculators.memory``. Where a seed uses another convention or
 is wrong, the test that says so is named after it.
 """
 import pytest
 import torch
 
 from reference.kv_cache import KVCache
-from reference.memory import (GPUS, MODELS, kv_cache_bytes, kv_cache_bytes_for,
-                              max_concurrent_sequences, mla_kv_bytes, model, tensor_bytes)
-from reference.hardware import gpu
+from reference.calculators.hardware import GPUS, gpu
+from reference.calculators.memory import (MODELS, kv_cache_bytes, kv_cache_bytes_for,
+                                          max_concurrent_sequences, mla_kv_bytes, model, tensor_bytes)
 from reference.model import TINY
 
 GiB, GB, KiB = 2**30, 10**9, 2**10

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from reference.prose import (exercise_list, naive_growth_paragraph, pass_cost_sentence,
-                             speedup_phrase, times_phrase, verification_sentence)
+from reference.bench.prose import (exercise_list, naive_growth_paragraph, pass_cost_sentence,
+                                   speedup_phrase, times_phrase, verification_sentence)
 
 ROOT = Path(__file__).resolve().parents[1]
 

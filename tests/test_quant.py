@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from reference.kv_cache import KVCache
-from reference.memory import kv_cache_bytes, tensor_bytes
+from reference.calculators.memory import kv_cache_bytes, tensor_bytes
 from reference.model import build_tiny, load_model
 from reference.quant import (FORMATS, QuantizedKVCache, dequantize, error_bound,
                              evaluate_kv_formats, quantize)

@@ -14,8 +14,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from reference import roofline as rf
-from reference.hardware import GPUS
+from reference.bench.machine import measure_machine, measure_model_points
+from reference.calculators import roofline as rf
+from reference.calculators.hardware import GPUS
 from reference.model import TINY, ModelConfig, build_tiny
 
 MiB = 2**20
@@ -164,7 +165,7 @@ def test_forward_cost_counts_weights_once_and_kv_per_sequence():
     (lambda: rf.arithmetic_intensity(1.0, 0), ValueError),
     (lambda: rf.decode_floor_seconds(1e9, float("inf")), ValueError),
     (lambda: rf.forward_cost(ModelConfig(), batch=0, new_tokens=1), ValueError),
-    (lambda: rf.measure_machine(seconds=0), ValueError),
+    (lambda: measure_machine(seconds=0), ValueError),
 ])
 def test_bad_input_gets_a_one_line_error(call, error):
     with pytest.raises(error) as info:
@@ -175,7 +176,7 @@ def test_bad_input_gets_a_one_line_error(call, error):
 # ------------------------------------------------------------------------- measurements
 
 def test_measure_machine_returns_positive_finite_ceilings():
-    machine = rf.measure_machine(seconds=0.2)
+    machine = measure_machine(seconds=0.2)
     for value in (machine.copy_bandwidth, machine.matmul_flops, machine.ridge):
         assert math.isfinite(value) and value > 0
     assert machine.threads == torch.get_num_threads()
@@ -183,7 +184,7 @@ def test_measure_machine_returns_positive_finite_ceilings():
 
 def test_model_points_pair_a_measured_time_with_the_analytic_cost():
     model = build_tiny(0)
-    points = rf.measure_model_points(model, prompt_len=16, batches=(1, 3), context=8, seconds=0.1)
+    points = measure_model_points(model, prompt_len=16, batches=(1, 3), context=8, seconds=0.1)
     assert [p.label for p in points] == ["prefill 16 tok", "decode batch 1", "decode batch 3"]
     for p in points:
         assert math.isfinite(p.seconds) and p.seconds > 0 and p.achieved_flops > 0
@@ -193,7 +194,7 @@ def test_model_points_pair_a_measured_time_with_the_analytic_cost():
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 def test_measure_machine_on_a_gpu_returns_positive_finite_ceilings():
-    machine = rf.measure_machine(seconds=0.5, device="cuda", dtype=torch.bfloat16)
+    machine = measure_machine(seconds=0.5, device="cuda", dtype=torch.bfloat16)
     assert machine.device == "cuda" and machine.matmul_dtype == "bfloat16"
     for value in (machine.copy_bandwidth, machine.matmul_flops, machine.ridge):
         assert math.isfinite(value) and value > 0

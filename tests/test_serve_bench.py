@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from reference.serve_bench import CACHED, CONTINUOUS, ENGINE_CONFIGS, STATIC, run_engine
-from reference.batching_sim import percentile
-from reference.serve_workload import (SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, BenchRequest, RequestTiming,
+from reference.bench.serve import CACHED, CONTINUOUS, ENGINE_CONFIGS, STATIC, run_engine
+from reference.calculators.batching_sim import percentile
+from reference.bench.workload import (SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, BenchRequest, RequestTiming,
                                       add_ratios, chat_prompt_ids, format_table, make_workload,
                                       prefix_hit_bound, summarize)
 from reference.tokenizer import ByteTokenizer

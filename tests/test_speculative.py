@@ -308,7 +308,7 @@ def test_real_model_greedy_output_is_unchanged_by_speculation():
 def test_benchmark_rows_on_the_tiny_model():
     from types import SimpleNamespace as Args
 
-    from reference.spec_bench import run_task
+    from reference.bench.speculative import run_task
     from reference.tokenizer import ByteTokenizer
 
     rows = run_task(build_tiny(0), ByteTokenizer(), "abcabcabc abcab", Args(tokens=12, k=3, skip_layers=1, repeats=1))
@@ -317,7 +317,7 @@ def test_benchmark_rows_on_the_tiny_model():
 
 
 def test_benchmark_table_shows_how_much_of_the_passes_promise_reached_the_clock(capsys):
-    from reference.spec_bench import print_table
+    from reference.bench.speculative import print_table
 
     row = dict(tokens=64, tok_s=38.0, same=True, draft_share=0.0)
     print_table({"grounded": [dict(row, drafter="none (plain decoding)", ratio=1.0, alpha=None, tokens_per_pass=1.0),
@@ -331,7 +331,7 @@ def test_benchmark_table_shows_how_much_of_the_passes_promise_reached_the_clock(
 def test_benchmark_engine_rows_on_the_tiny_model():
     from types import SimpleNamespace as Args
 
-    from reference.spec_bench import engine_rows
+    from reference.bench.speculative import engine_rows
     from reference.tokenizer import ByteTokenizer
 
     rows = engine_rows(build_tiny(0), ByteTokenizer(), "abcabcabc abcab", Args(tokens=12, k=3), batches=(1, 3))

@@ -1,6 +1,6 @@
 """Grader for exercises/ch03_memory.ipynb.
 
-Expected values come from ``reference.memory``, ``reference.attention``, ``reference.quant`` and
+Expected values come from ``reference.calculators.memory``, ``reference.attention``, ``reference.quant`` and
 ``reference.mla``, computed here on inputs drawn from ``torch.Generator().manual_seed(seed)``.
 Wrong answers are compared with what the usual slips produce, to name the slip.
 """
@@ -12,7 +12,8 @@ from autograder.errors import LearnerError
 from autograder.feedback import assert_close, assert_equal
 from autograder.inputs import generator, randint
 from autograder.plugin import exercise
-from reference import memory
+from reference.calculators import memory
+from reference.calculators.hardware import GPUS
 from reference.attention import grouped_query_attention
 from reference.mla import MLA
 from reference.quant import int8_quantize_kv
@@ -107,7 +108,7 @@ def test_mla_kv_bytes_matches_the_formula(learner, seed):
 @exercise("max_concurrent_sequences", points=2)
 def test_max_concurrent_sequences(learner, seed):
     gen = generator(seed)
-    gpu = memory.GPUS["H100 SXM"].hbm_bytes
+    gpu = GPUS["H100 SXM"].hbm_bytes
     cases = []
     for name in ("Llama 3.1 8B", "Qwen 3 32B", "SmolLM2-135M"):
         shape = memory.MODELS[name]

@@ -1,6 +1,6 @@
 """Grader for exercises/ch04_bandwidth.ipynb.
 
-Every expected value comes from ``reference.roofline`` in the grader process, on sizes drawn
+Every expected value comes from ``reference.calculators.roofline`` in the grader process, on sizes drawn
 with ``torch.Generator().manual_seed(seed)``. When an answer is wrong, the message compares it
 with what the usual slips produce (bits for bytes, MiB for bytes, a matrix counted once, a
 missing factor 2, GB vs GiB) and names the slip that matches.
@@ -14,7 +14,7 @@ import torch
 from autograder.feedback import assert_close
 from autograder.inputs import generator, randint
 from autograder.plugin import exercise
-from reference import roofline as rf
+from reference.calculators import roofline as rf
 
 TRAFFIC_DTYPES = ["fp32", "fp16", "bf16", "fp8"]
 WEIGHT_DTYPES = ["fp32", "fp16", "bf16", "fp8", "int8", "int4"]

@@ -1,6 +1,6 @@
 """Grader for exercises/ch07_flash_versions.ipynb.
 
-``pick_flash`` is compared with ``reference.kernels.versions.pick_flash`` on every GPU of its
+``pick_flash`` is compared with ``reference.calculators.flash_versions.pick_flash`` on every GPU of its
 table; the decode exercises with attention computed in float64 in this process on fresh random
 inputs (``torch.Generator().manual_seed(seed)``). When an answer is wrong, the grader computes
 what the usual slips produce (no rescaling by exp(m_s - m), averaging the partial outputs, the
@@ -24,7 +24,7 @@ from autograder.inputs import generator, qkv, randint
 from autograder.kernel_rules import kernel_source, loop_problem
 from autograder.plugin import exercise
 from reference.kernels.torch_reference import naive_attention
-from reference.kernels.versions import GPU_GENERATIONS, HEAD_DIMS, pick_flash
+from reference.calculators.flash_versions import GPU_GENERATIONS, HEAD_DIMS, pick_flash
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FORBIDDEN = ["torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax",

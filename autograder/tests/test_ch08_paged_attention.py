@@ -4,7 +4,7 @@
 off) through the same seeded random operations; after every operation the grader compares what
 both show (slots, free blocks, reference counts, copy-on-write pairs) up to a renaming of the
 physical blocks, so any free-list order is accepted. ``fragmentation`` is compared with the
-pools of ``reference.fragmentation`` replaying the same log (the chapter's 64-slot walkthrough
+pools of ``reference.calculators.fragmentation`` replaying the same log (the chapter's 64-slot walkthrough
 and random logs). The attention exercises are compared with attention computed in float64 in
 this process over K/V gathered through the block table; when an answer is wrong the grader
 computes the usual slips (reading past context_lens, forgetting `* block_size`, the wrong K/V
@@ -27,7 +27,7 @@ from autograder.inputs import generator, randint
 from autograder.kernel_rules import kernel_source, loop_problem
 from autograder.plugin import exercise
 from reference.attention import paged_attention
-from reference.fragmentation import WALKTHROUGH, WALKTHROUGH_BLOCK_SIZE, WALKTHROUGH_SLOTS, \
+from reference.calculators.fragmentation import WALKTHROUGH, WALKTHROUGH_BLOCK_SIZE, WALKTHROUGH_SLOTS, \
     ContiguousPool, PagedPool
 from reference.paging import BlockManager, OutOfBlocks
 

@@ -1,6 +1,6 @@
 """Grader for exercises/ch09_continuous_batching.ipynb.
 
-Expected values come from ``reference.batching_sim``, computed here on requests and workloads
+Expected values come from ``reference.calculators.batching_sim``, computed here on requests and workloads
 drawn from ``torch.Generator().manual_seed(seed)`` (a workload's own seed is drawn from it too).
 Wrong answers are compared with what the usual slips produce, to name the slip.
 """
@@ -13,7 +13,7 @@ import torch
 
 from autograder.inputs import generator, randint
 from autograder.plugin import exercise
-from reference import batching_sim as sim
+from reference.calculators import batching_sim as sim
 
 RETIRE_FIRST = ("retire first: a request that reached output_len frees its slot for THIS step; "
                 "admitting before retiring leaves that slot idle for a step")

@@ -2,7 +2,7 @@
 
 A decoding sequence normally feeds one token per step. With a drafter, it feeds its last token and
 up to k drafted ones; the one model call of the step returns the target's logits at all of them,
-and the acceptance test (`reference.speculative.speculative_accept`) keeps a prefix of the drafts
+and the acceptance test (`reference.speculative.accept_drafts`) keeps a prefix of the drafts
 plus one token from the target (the residual at the first rejection, or the bonus token). The
 slots of rejected drafts are handed back (`BlockManager.truncate`); their K/V will be overwritten
 by position, so no copy or clean-up of the pool is needed.
@@ -15,7 +15,7 @@ from torch import Tensor
 from reference.decoding import filtered_probs
 from reference.drafters import PromptLookupDrafter, layer_skip_drafter
 from reference.engine.sequence import Sequence
-from reference.speculative import bonus_token, speculative_accept
+from reference.speculative import accept_drafts
 
 METHODS = ("prompt_lookup", "layer_skip")
 
@@ -65,19 +65,9 @@ class Speculator:
         """Tokens to emit, given the target's logits [1 + len(drafts), vocab] at the last token and
         at each draft: the accepted drafts, then the residual sample or the bonus token."""
         drafts = seq.draft_ids
-        p = self.probs(seq, logits)
-        emitted = []
-        for i, token in enumerate(drafts):
-            q = (seq.draft_probs[i] if seq.draft_probs is not None
-                 else torch.nn.functional.one_hot(torch.tensor(token), p.shape[-1]).to(p.dtype))
-            accepted, token = speculative_accept(p[i], q, token, seq.generator)
-            self.counters["checked"] += 1
-            self.counters["accepted"] += accepted
-            emitted.append(token)
-            if not accepted:
-                break
-        else:
-            emitted.append(bonus_token(p[len(drafts)], seq.generator))
+        emitted, checked, accepted = accept_drafts(self.probs(seq, logits), drafts, seq.draft_probs, seq.generator)
+        self.counters["checked"] += checked
+        self.counters["accepted"] += accepted
         self.counters["rounds"] += 1
         self.counters["proposed"] += len(drafts)
         seq.draft_ids, seq.draft_probs = [], None

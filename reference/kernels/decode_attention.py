@@ -30,6 +30,34 @@ BLOCK_N = 16 if INTERPRETED else 64      # keys per tile inside a split
 
 
 @triton.jit
+def attend_tile(q, k, v, in_range, m_i, l_i, acc, qk_scale,
+                PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
+    """One key tile of the online softmax, for the split-K decode kernels here and in
+    paged_attention.py (they differ only in where k and v come from).
+
+    q [BLOCK_H, D] (pre-upcast when DOT_UPCAST), k and v [BLOCK_N, D] as loaded (their dtype
+    is the input's), in_range [BLOCK_N] marks real keys; the state m_i, l_i [BLOCK_H] and
+    acc [BLOCK_H, D] is fp32, scores in base 2 (qk_scale includes log2 e). Returns the new state:
+    m grows to the tile's max, l and acc are rescaled by exp2(m_old - m_new) before the tile adds in.
+    """
+    if DOT_UPCAST:  # see flash_attention.dot_options
+        s = tl.dot(q, tl.trans(k.to(tl.float32)), input_precision=PRECISION)
+    else:
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+    s = tl.where(in_range[None, :], s * qk_scale, float("-inf"))                 # [BLOCK_H, BLOCK_N]
+    m_new = tl.maximum(m_i, tl.max(s, axis=1))              # finite: each tile has a key in range
+    alpha = tl.exp2(m_i - m_new)
+    p = tl.exp2(s - m_new[:, None])
+    l_i = l_i * alpha + tl.sum(p, axis=1)
+    p_in = p.to(v.dtype)                                          # P V in the input dtype
+    if DOT_UPCAST:
+        pv = tl.dot(p_in.to(tl.float32), v.to(tl.float32), input_precision=PRECISION)
+    else:
+        pv = tl.dot(p_in, v, input_precision=PRECISION)
+    return m_new, l_i, acc * alpha[:, None] + pv
+
+
+@triton.jit
 def _split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr,
                   stride_qb, stride_qh, stride_qd,
                   stride_kb, stride_kh, stride_kn, stride_kd,
@@ -61,19 +89,7 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr,
         in_range = cols < end
         k = tl.load(k_base + cols[:, None] * stride_kn + dims[None, :] * stride_kd, mask=in_range[:, None], other=0.0)
         v = tl.load(v_base + cols[:, None] * stride_vn + dims[None, :] * stride_vd, mask=in_range[:, None], other=0.0)
-        if DOT_UPCAST:  # see flash_attention.dot_options
-            k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale          # [BLOCK_H, BLOCK_N]
-        s = tl.where(in_range[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))              # finite: each tile has a key in range
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        p_in = p.to(v_base.dtype.element_ty)                      # P V in the input dtype
-        if DOT_UPCAST:
-            p_in = p_in.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p_in, v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, k, v, in_range, m_i, l_i, acc, qk_scale, PRECISION, DOT_UPCAST)
     # States [B, Hq, num_splits] and [B, Hq, num_splits, D], fp32, contiguous.
     state = (batch * n_kv_heads * group + heads).to(tl.int64) * num_splits + split
     tl.store(m_ptr + state, m_i, mask=head_ok)

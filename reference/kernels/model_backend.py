@@ -1,30 +1,16 @@
-"""The model's attention through our kernels: `use_kernels(model)` switches every layer.
+"""`use_kernels(model)`: route every attention layer of the model through our Triton kernels.
 
-Inside the model, the T new queries of a forward are the last T of the S positions in the
-cache (prefill: T = S, or a chunk after a cached prefix; decode: T = 1). That is exactly the
-end-aligned causal mask of `flash_attention`; a single query sees every key, which is the case
-`decode_attention` serves with split-K.
+The routing itself is `reference.context.kernel_attention` (the "triton" dense backend): prefill
+through `flash_attention`, one-token decode steps through `decode_attention`.
 """
 from __future__ import annotations
 
-import torch
-
-from reference.kernels.decode_attention import decode_attention
-from reference.kernels.flash_attention import flash_attention
-
-BACKENDS = ("sdpa", "naive", "triton")
-
-
-def kernel_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """q [B, Hq, T, D], k and v [B, Hkv, S, D] with T <= S -> [B, Hq, T, D], causal."""
-    if q.shape[2] == 1:
-        return decode_attention(q[:, :, 0], k, v)[:, :, None]
-    return flash_attention(q, k, v, causal=True)
+from reference.context import DENSE_BACKENDS
 
 
 def use_kernels(model, backend: str = "triton"):
     """Route every attention layer of `model` (a reference.model.Llama) through `backend`."""
-    if backend not in BACKENDS:
-        raise ValueError(f"unknown attention backend {backend!r}: choose one of {BACKENDS}")
+    if backend not in DENSE_BACKENDS:
+        raise ValueError(f"unknown attention backend {backend!r}: choose one of {DENSE_BACKENDS}")
     model.attention_backend = backend
     return model

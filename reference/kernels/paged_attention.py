@@ -29,7 +29,7 @@ import triton.language as tl
 
 from reference.kernels import checks
 from reference.kernels.checks import INTERPRETED
-from reference.kernels.decode_attention import default_num_splits, merge_kernel
+from reference.kernels.decode_attention import attend_tile, default_num_splits, merge_kernel
 from reference.kernels.flash_attention import LOG2E, dot_options
 
 BLOCK_N = 16 if INTERPRETED else 64      # keys per tile; a tile may span several pool blocks
@@ -99,19 +99,7 @@ def _paged_split_kernel(q_ptr, k_cache_ptr, v_cache_ptr, table_ptr, lens_ptr, m_
                     + dims[None, :] * stride_kd, mask=kv_ok, other=0.0)
         v = tl.load(v_cache_ptr + (block * stride_vb + row * stride_vs + kv_head * stride_vh)[:, None]
                     + dims[None, :] * stride_vd, mask=kv_ok, other=0.0)
-        if DOT_UPCAST:  # see flash_attention.dot_options
-            k, v = k.to(tl.float32), v.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale          # [BLOCK_H, BLOCK_N]
-        s = tl.where(in_range[None, :], s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))              # finite: each tile has a key in range
-        alpha = tl.exp2(m_i - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        p_in = p.to(v_cache_ptr.dtype.element_ty)                 # P V in the cache dtype
-        if DOT_UPCAST:
-            p_in = p_in.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p_in, v, input_precision=PRECISION)
-        m_i = m_new
+        m_i, l_i, acc = attend_tile(q, k, v, in_range, m_i, l_i, acc, qk_scale, PRECISION, DOT_UPCAST)
     # States [B, Hq, num_splits] and [B, Hq, num_splits, BLOCK_D], fp32, contiguous.
     state = (batch * n_kv_heads * group + heads).to(tl.int64) * num_splits + split
     tl.store(m_ptr + state, m_i, mask=head_ok)

@@ -21,7 +21,7 @@ def kv_cache_bytes(layers, kv_heads, head_dim, tokens, batch=1, dtype="fp16"):
 
 # %% grade_id: kv_cache_bytes | cheat: imports the reference implementation
 # expect: is not allowed
-from reference.memory import kv_cache_bytes  # noqa: F401
+from reference.calculators.memory import kv_cache_bytes  # noqa: F401
 
 
 # %% grade_id: mla_kv_bytes | wrong: keeps the factor 2 of K and V
@@ -48,7 +48,7 @@ for _folder in (*map(pathlib.Path, filter(None, [__import__("os").environ.get("A
     _file = _folder / "reference" / "memory.py"
     if _file.exists():
         _namespace = {}
-        _source = _file.read_text().replace("from reference.hardware import GPUS, GPU", "GPUS = GPU = None")
+        _source = _file.read_text().replace("from reference.calculators.hardware import GPUS, GPU", "GPUS = GPU = None")
         exec(compile(_source, str(_file), "exec"), _namespace)
         mla_kv_bytes = _namespace["mla_kv_bytes"]
         break
@@ -73,7 +73,7 @@ def max_concurrent_sequences(gpu_bytes, weight_bytes, per_token_bytes, tokens_pe
 # %% grade_id: max_concurrent_sequences | cheat: imports the autograder to find the expected values
 # expect: is not allowed
 import autograder  # noqa: F401
-from reference.memory import max_concurrent_sequences  # noqa: F401
+from reference.calculators.memory import max_concurrent_sequences  # noqa: F401
 
 
 # %% grade_id: gqa_attention | wrong: interleaves query heads over K/V heads (h % Hkv)

@@ -41,7 +41,7 @@ def standard_attention_traffic(n, d, dtype):
 
 # %% grade_id: standard_attention_traffic | cheat: imports the reference implementation
 # expect: is not allowed
-from reference.roofline import standard_attention_traffic  # noqa: F401
+from reference.calculators.roofline import standard_attention_traffic  # noqa: F401
 
 
 # %% grade_id: standard_attention_traffic | cheat: returns the book's 132 MiB example for any input
@@ -74,7 +74,7 @@ def matmul_intensity(m, k, n, dtype):
 
 # %% grade_id: matmul_intensity | cheat: calls the reference cost model
 # expect: is not allowed
-from reference.roofline import arithmetic_intensity, matmul_cost
+from reference.calculators.roofline import arithmetic_intensity, matmul_cost
 
 
 def matmul_intensity(m, k, n, dtype):
@@ -166,7 +166,7 @@ def decode_floor_seconds(n_params, dtype, bandwidth, kv_bytes=0):
 
 # %% grade_id: decode_floor_seconds | cheat: imports the reference floor
 # expect: is not allowed
-from reference.roofline import decode_floor_seconds as _floor, nbytes as _nbytes
+from reference.calculators.roofline import decode_floor_seconds as _floor, nbytes as _nbytes
 
 
 def decode_floor_seconds(n_params, dtype, bandwidth, kv_bytes=0):

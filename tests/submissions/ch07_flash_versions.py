@@ -57,7 +57,7 @@ def pick_flash(gpu, training, head_dim=64):
 
 # %% grade_id: pick_flash | cheat: imports the reference rule
 # expect: is not allowed
-from reference.kernels.versions import pick_flash  # noqa: F401
+from reference.calculators.flash_versions import pick_flash  # noqa: F401
 
 
 # %% grade_id: pick_flash | cheat: reads the reference table by path and runs it
@@ -72,7 +72,7 @@ def pick_flash(gpu, training, head_dim=64):
             namespace = {"__name__": "stolen"}
             exec(compile(table.read_text(), str(table), "exec"), namespace)
             return tuple(namespace["pick_flash"](gpu, training, head_dim))
-    raise FileNotFoundError("reference/kernels/versions.py is not readable from here")
+    raise FileNotFoundError("reference/calculators/flash_versions.py is not readable from here")
 
 
 # %% grade_id: split_decode_attention | wrong: adds the partial states without rescaling

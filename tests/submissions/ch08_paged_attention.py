@@ -447,7 +447,7 @@ def fragmentation(events: list, num_slots: int, block_size: int) -> dict:
 
 # %% grade_id: fragmentation | cheat: replays the log on the reference pools
 # expect: is not allowed
-from reference.fragmentation import ContiguousPool, PagedPool
+from reference.calculators.fragmentation import ContiguousPool, PagedPool
 
 
 def fragmentation(events, num_slots, block_size):

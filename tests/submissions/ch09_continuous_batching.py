@@ -28,7 +28,7 @@ def continuous_batch_step(running, waiting, max_batch):
 
 # %% grade_id: continuous_batch_step | cheat: imports the reference implementation
 # expect: is not allowed
-from reference.batching_sim import continuous_batch_step  # noqa: F401
+from reference.calculators.batching_sim import continuous_batch_step  # noqa: F401
 
 
 # %% grade_id: simulate_batching | wrong: TPOT counts the prefill's token as a decode token

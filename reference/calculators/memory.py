@@ -20,7 +20,6 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.hardware import GPUS, GPU  # noqa: F401  (re-exported: chapter 04 imports GPUS from here)
 
 # Bits per stored element, by format name.
 BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}

@@ -19,14 +19,14 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
+from reference.bench.hf_peer import load_hf_peer
+from reference.bench.measure import timed
 from reference.decoding import generate
 from reference.drafters import PromptLookupDrafter, layer_skip_drafter
 from reference.engine import LLM, SamplingParams
-from reference.hf_peer import load_hf_peer
 from reference.model import load_model
 from reference.speculative import speculative_generate
 from reference.threads import configure
@@ -55,10 +55,9 @@ def hf_generate(hf, ids: list[int], n: int, stop: list[int], lookup: int | None)
     with its own prompt lookup (`prompt_lookup_num_tokens`)."""
     inputs = torch.tensor([ids])
     extra = {"prompt_lookup_num_tokens": lookup} if lookup else {}
-    start = time.perf_counter()
-    out = hf.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=n, do_sample=False,
-                      eos_token_id=list(stop), pad_token_id=stop[0], **extra)
-    seconds = time.perf_counter() - start
+    seconds, out = timed(lambda: hf.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=n,
+                                             do_sample=False, eos_token_id=list(stop), pad_token_id=stop[0],
+                                             **extra))
     new = out[0, len(ids):].tolist()
     return seconds, new[:-1] if new and new[-1] in stop else new
 
@@ -70,9 +69,8 @@ def run_task(model, tok, prompt: str, args, hf=None) -> list[dict]:
     plain_times, spec_runs = [], {name: [] for name in drafters(model, args.skip_layers)}
     hf_runs = {"HF generate": [], "HF prompt lookup": []} if hf is not None else {}
     for _ in range(args.repeats):  # interleaved, so that a burst of load hits every row
-        start = time.perf_counter()
-        plain = generate(model, ids, args.tokens, stop_ids=stop)
-        plain_times.append(time.perf_counter() - start)
+        seconds, plain = timed(lambda: generate(model, ids, args.tokens, stop_ids=stop))
+        plain_times.append(seconds)
         for name, drafter in drafters(model, args.skip_layers).items():
             spec_runs[name].append(speculative_generate(model, drafter, ids, args.tokens, k=args.k, stop_ids=stop))
         for name in hf_runs:
@@ -105,9 +103,7 @@ def engine_rows(model, tok, prompt: str, args, batches=(1, 8)) -> list[dict]:
         for speculative in (None, "prompt_lookup"):
             llm = LLM(model, tokenizer=tok, max_num_seqs=batch, max_num_batched_tokens=max(512, batch * (args.k + 1)),
                       speculative=speculative, num_speculative_tokens=args.k)
-            start = time.perf_counter()
-            outs = llm.generate([ids] * batch, SamplingParams(max_tokens=args.tokens))
-            seconds = time.perf_counter() - start
+            seconds, outs = timed(lambda: llm.generate([ids] * batch, SamplingParams(max_tokens=args.tokens)))
             outputs[speculative] = [o.token_ids for o in outs]
             stats = llm.engine.stats
             rows.append(dict(batch=batch, drafter=speculative or "none", steps=stats["steps"],

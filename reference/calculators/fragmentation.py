@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from reference.contiguous import ContiguousAllocator
+from reference.calculators.contiguous import ContiguousAllocator
 from reference.paging import BlockManager
 
 
@@ -253,7 +253,7 @@ def simulate(requests: list[Request], pool, max_steps: int = 1_000_000) -> SimRe
 
 
 def main() -> None:
-    """`python -m reference.fragmentation`: the walkthrough table, then one Pareto workload."""
+    """`python -m reference.calculators.fragmentation`: the walkthrough table, then one Pareto workload."""
     pools = {"contiguous": lambda n, b: ContiguousPool(n), "paged": PagedPool}
     print(f"walkthrough: {WALKTHROUGH_SLOTS} slots, paged as blocks of {WALKTHROUGH_BLOCK_SIZE}")
     for name, make in pools.items():

@@ -8,8 +8,8 @@ Conventions used throughout (units are plain bytes, FLOPs and seconds; 1 MiB = 2
   chip, reads and writes both counted;
 * int4 elements take half a byte (counts are rounded up to whole bytes).
 
-`measure_machine` and `measure_model_points` (this machine's own roofline) live in
-`reference.roofline_measure` and are re-exported here.
+This machine's own roofline, measured, is `reference.bench.machine` (`measure_machine`,
+`measure_model_points`).
 """
 from __future__ import annotations
 
@@ -18,17 +18,17 @@ from dataclasses import dataclass
 
 import torch
 
-# bits per element of the formats the course uses
-DTYPE_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
+from reference.calculators.memory import BITS
 
 
 def dtype_bits(dtype: str | torch.dtype) -> int:
-    """Bits per element of a format name in DTYPE_BITS or of a torch.dtype."""
+    """Bits per element of a format name in `memory.BITS` (the course's one table) or of any
+    torch.dtype."""
     if isinstance(dtype, torch.dtype):
         return torch.empty((), dtype=dtype).element_size() * 8
-    if isinstance(dtype, str) and dtype in DTYPE_BITS:
-        return DTYPE_BITS[dtype]
-    raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(DTYPE_BITS)} or a torch.dtype")
+    if isinstance(dtype, str) and dtype in BITS:
+        return BITS[dtype]
+    raise ValueError(f"unknown dtype {dtype!r}: use one of {', '.join(BITS)} or a torch.dtype")
 
 
 def nbytes(count: int, dtype: str | torch.dtype) -> int:
@@ -188,5 +188,3 @@ def forward_cost(cfg, *, batch: int, new_tokens: int, context: int = 0,
     kv_elements = batch * kv_per_position * (context + 2 * new_tokens)  # read all, write the new
     return ForwardCost(flops, nbytes(llama_params(cfg), weight_dtype), nbytes(kv_elements, kv_dtype))
 
-
-from reference.roofline_measure import measure_machine, measure_model_points  # noqa: E402,F401

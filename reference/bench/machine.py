@@ -7,11 +7,12 @@ measurements also run on a GPU (`device="cuda"`), where each run is synchronised
 """
 from __future__ import annotations
 
-import statistics
-import time
 from dataclasses import dataclass
 
 import torch
+
+from reference.bench.measure import copy_bandwidth, median_seconds
+from reference.calculators.roofline import ForwardCost, forward_cost
 
 
 @dataclass(frozen=True)
@@ -31,33 +32,6 @@ class MachineRoofline:
         return self.matmul_flops / self.copy_bandwidth
 
 
-def _median_seconds(fn, budget: float, min_repeats: int = 3, device: str = "cpu") -> float:
-    """Median wall time of fn() over at least `min_repeats` runs, repeating while within budget."""
-    def run():
-        fn()
-        if torch.device(device).type == "cuda":
-            torch.cuda.synchronize(device)
-
-    run()  # warm-up: page faults, thread pool, allocator, kernel selection
-    times: list[float] = []
-    deadline = time.perf_counter() + budget
-    while len(times) < min_repeats or (time.perf_counter() < deadline and len(times) < 50):
-        start = time.perf_counter()
-        run()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
-
-
-def copy_bandwidth(n_bytes: int = 128 << 20, seconds: float = 1.0, device: str = "cpu") -> float:
-    """Bytes/s of `dst.copy_(src)` on float32 tensors of n_bytes each: 2 * n_bytes per copy
-    (the read of src and the write of dst), STREAM's convention."""
-    if n_bytes < 4 or seconds <= 0:
-        raise ValueError(f"need n_bytes >= 4 and seconds > 0, got {n_bytes}, {seconds}")
-    src = torch.ones(n_bytes // 4, device=device)
-    dst = torch.empty_like(src)
-    return 2 * src.numel() * 4 / _median_seconds(lambda: dst.copy_(src), seconds, device=device)
-
-
 def matmul_flops(sizes: tuple[int, ...] = (256, 512, 1024), seconds: float = 1.0, device: str = "cpu",
                  dtype: torch.dtype = torch.float32) -> tuple[float, int]:
     """(FLOP/s, size) of the fastest median square matmul among `sizes` (2 n^3 FLOPs each)."""
@@ -68,8 +42,8 @@ def matmul_flops(sizes: tuple[int, ...] = (256, 512, 1024), seconds: float = 1.0
     for n in sizes:
         a, b = (torch.randn(n, n, generator=gen).to(device, dtype) for _ in range(2))
         out = torch.empty(n, n, device=device, dtype=dtype)
-        rate = 2 * n**3 / _median_seconds(lambda: torch.mm(a, b, out=out), seconds / len(sizes),
-                                          device=device)
+        rate = 2 * n**3 / median_seconds(lambda: torch.mm(a, b, out=out), budget=seconds / len(sizes),
+                                         device=device)
         best = max(best, (rate, n))
     return best
 
@@ -97,7 +71,7 @@ class ModelPoint:
     new_tokens: int
     context: int
     seconds: float
-    cost: "ForwardCost"  # noqa: F821 (reference.roofline.ForwardCost)
+    cost: ForwardCost
 
     @property
     def achieved_flops(self) -> float:
@@ -124,8 +98,6 @@ def measure_model_points(model, *, prompt_len: int = 128, batches: tuple[int, ..
 
     Uses only the public model API: model(ids, cache=cache) and model.new_cache(batch, max_len).
     """
-    from reference.roofline import forward_cost
-
     if prompt_len < 1 or context < 1 or not batches or min(batches) < 1:
         raise ValueError("prompt_len, context and every batch size must be >= 1")
     cfg, gen = model.config, torch.Generator().manual_seed(0)
@@ -137,7 +109,7 @@ def measure_model_points(model, *, prompt_len: int = 128, batches: tuple[int, ..
 
     seconds_each = seconds / (1 + len(batches))
     points = [ModelPoint(f"prefill {prompt_len} tok", 1, prompt_len, 0,
-                         _median_seconds(prefill, seconds_each, device=device),
+                         median_seconds(prefill, budget=seconds_each, device=device),
                          forward_cost(cfg, batch=1, new_tokens=prompt_len, weight_dtype=dtype))]
     for batch in batches:
         cache = model.new_cache(batch, context + 1)
@@ -149,7 +121,7 @@ def measure_model_points(model, *, prompt_len: int = 128, batches: tuple[int, ..
             cache.truncate(context)
 
         points.append(ModelPoint(f"decode batch {batch}", batch, 1, context,
-                                 _median_seconds(step, seconds_each, device=device),
+                                 median_seconds(step, budget=seconds_each, device=device),
                                  forward_cost(cfg, batch=batch, new_tokens=1, context=context,
                                               weight_dtype=dtype)))
     return points

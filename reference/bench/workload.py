@@ -1,11 +1,11 @@
 """The serving benchmark's workload, per-request timings, summary statistics and printed table.
 
-Nothing here runs a model: `reference/serve_bench.py` feeds the workload to the engine and to a
+Nothing here runs a model: `reference/bench/serve.py` feeds the workload to the engine and to a
 one-request-at-a-time peer, records a `RequestTiming` per request, and prints `format_table`.
 
 Workload: every prompt is a chat whose system message is the same text (so full blocks of it can
 be shared by the prefix cache) followed by a user message of a seeded length; output lengths are
-Pareto-distributed and capped (`reference.batching_sim.pareto_workload`, chapter 09's simulator
+Pareto-distributed and capped (`reference.calculators.batching_sim.pareto_workload`, chapter 09's simulator
 workload, draws both lengths).
 Requests arrive all at once or as a Poisson stream: each request carries its arrival offset in
 units of the mean gap between arrivals, so one seeded workload serves every arrival rate.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from reference.batching_sim import pareto_workload, percentile
+from reference.calculators.batching_sim import pareto_workload, percentile
 
 SYSTEM_SENTENCES = [
     "You are a patient assistant for a course on how language models are served.",

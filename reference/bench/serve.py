@@ -4,7 +4,7 @@
                                     [--model smollm2-135m|tiny] [--rate R] [--threads N]
                                     [--quick] [--json PATH]
 
-One workload (reference/serve_workload.py: a shared system prompt, user messages of mixed
+One workload (reference/bench/workload.py: a shared system prompt, user messages of mixed
 length, Pareto output lengths, every reply generated to its drawn length) is served by:
 
 - a peer that serves one request at a time: Hugging Face `generate` on the same GGUF weights
@@ -30,8 +30,8 @@ import time
 import torch
 
 from reference.__main__ import OneLineParser, positive
-from reference.measure import provenance
-from reference.serve_workload import (SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, RequestTiming, add_ratios,
+from reference.bench.measure import provenance
+from reference.bench.workload import (SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, RequestTiming, add_ratios,
                                       format_table, make_workload, prefix_hit_bound, summarize)
 from reference.threads import configure
 
@@ -136,7 +136,7 @@ def sequential_peer(model_name: str, model):
     """(row name, generate_times) for the one-request-at-a-time peer: HF on the real weights,
     our loop on `model` for the tiny one."""
     if model_name == "smollm2-135m":
-        from reference.hf_peer import load_hf_peer
+        from reference.bench.hf_peer import load_hf_peer
         return "HF generate, sequential", hf_generate_times(load_hf_peer())
     return "ours, sequential", ours_generate_times(model)
 

@@ -20,9 +20,9 @@ tokens whose K/V came from the prefix cache.
 from __future__ import annotations
 
 import inspect
-import time
 from dataclasses import dataclass, field
 
+from reference.bench.measure import timed
 from reference.decoding import DecodeStats, generate, naive_work
 
 
@@ -62,12 +62,13 @@ def loop_row(name: str, model, prompts: list[list[int]], max_tokens: list[int], 
     """
     chosen = range(len(prompts) if measure is None else min(measure, len(prompts)))
     outputs, positions, calls, run_positions = [], 0, 0, 0
-    start = time.perf_counter()
+    seconds = 0.0
     for i in chosen:
         stats = DecodeStats()
-        outputs.append(generate(model, prompts[i], max_tokens[i], use_cache=use_cache, stats=stats))
+        took, out = timed(lambda: generate(model, prompts[i], max_tokens[i], use_cache=use_cache, stats=stats))
+        outputs.append(out)
+        seconds += took
         run_positions += stats.projected_positions
-    seconds = time.perf_counter() - start
     for prompt, n in zip(prompts, max_tokens):
         positions += naive_work(len(prompt), n)[0] if not use_cache else len(prompt) + n - 1
         calls += n
@@ -84,9 +85,7 @@ def engine_row(name: str, model, tokenizer, prompts: list[list[int]], max_tokens
 
     llm = LLM(model, tokenizer=tokenizer, **knobs)
     params = [SamplingParams(max_tokens=n, ignore_eos=True) for n in max_tokens]
-    start = time.perf_counter()
-    outs = llm.generate(prompts, params)
-    seconds = time.perf_counter() - start
+    seconds, outs = timed(lambda: llm.generate(prompts, params))
     errors = [o.error for o in outs if o.finish_reason == "error"]
     if errors:
         raise RuntimeError(f"the engine refused a request: {errors[0]}")
@@ -153,32 +152,36 @@ def removed(previous: Row, row: Row) -> str:
     return "(the baseline)"
 
 
-def _why_not_faster(previous: Row, row: Row) -> str:
-    """Why a removal did not show up as time saved, in terms of this run's counters."""
-    if row.name == "batched":
-        return ("a step over several sequences costs more than a step over one when the processor is "
+# Why a removal did not show up as time saved, per row, in terms of this run's counters
+# ({saved}: prompt positions the prefix cache saved; {steps}: model calls; {fed}, {fed_before}:
+# positions fed by this row and the one before).
+WHY_NOT_FASTER = {
+    "batched": ("a step over several sequences costs more than a step over one when the processor is "
                 "busy computing rather than waiting for weights, and each engine step also pays for "
-                "its Python bookkeeping")
-    if row.name == "prefix cache":
-        return (f"the {row.prefix_reused - previous.prefix_reused:,} positions it saved were all prompt "
-                f"positions, fed in the first steps; the decode steps, most of the {row.model_calls} "
-                "steps, did the same work as before")
-    if row.name == "continuous":
-        return ("fewer steps are not less time when the steps get longer: a request admitted "
-                "mid-flight adds its whole prompt to a decode step, and with this few requests other "
-                "work on the machine moves times of this size")
-    if row.name == "speculative":
-        return (f"each verification feeds the draft as well as the newest token ({row.positions_fed:,} "
-                f"positions fed against {previous.positions_fed:,}); where a step's cost grows with the "
-                "positions it feeds, as on a CPU, the passes saved did not pay for the longer passes")
-    return "other work on the machine moved the times more than the technique did"
+                "its Python bookkeeping"),
+    "prefix cache": ("the {saved:,} positions it saved were all prompt positions, fed in the first "
+                     "steps; the decode steps, most of the {steps} steps, did the same work as before"),
+    "continuous": ("fewer steps are not less time when the steps get longer: a request admitted "
+                   "mid-flight adds its whole prompt to a decode step, and with this few requests other "
+                   "work on the machine moves times of this size"),
+    "speculative": ("each verification feeds the draft as well as the newest token ({fed:,} positions "
+                    "fed against {fed_before:,}); where a step's cost grows with the positions it feeds, "
+                    "as on a CPU, the passes saved did not pay for the longer passes"),
+}
+
+
+def _why_not_faster(previous: Row, row: Row) -> str:
+    """Why a removal did not show up as time saved (WHY_NOT_FASTER, filled from the counters)."""
+    reason = WHY_NOT_FASTER.get(row.name, "other work on the machine moved the times more than the technique did")
+    return reason.format(saved=row.prefix_reused - previous.prefix_reused, steps=row.model_calls,
+                         fed=row.positions_fed, fed_before=previous.positions_fed)
 
 
 def step_sentence(previous: Row, row: Row) -> str:
     """One sentence on `row` against `previous`: the measured time ratio, worded from the data
     (faster, slower or about the same), what the counters say was removed, and a reason when the
     removal did not show up as time saved."""
-    from reference.prose import times_phrase
+    from reference.bench.prose import times_phrase
 
     phrase = times_phrase(row.seconds / previous.seconds)
     than = "as" if phrase == "about as fast" else "than"

@@ -4,7 +4,7 @@ A request's length is unknown when it starts, so a contiguous allocator must res
 longest it may grow (prompt + max_tokens). The unused end of each reservation is *tail slack*
 (internal fragmentation); a finished request leaves a gap that a larger request cannot use, a
 *hole* (external fragmentation). `reference.paging.BlockManager` is the paged alternative;
-`reference.fragmentation` compares the two.
+`reference.calculators.fragmentation` compares the two.
 """
 from __future__ import annotations
 

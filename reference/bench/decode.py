@@ -1,34 +1,32 @@
-"""Benchmarks, run side by side in one process so that ratios are meaningful.
+"""`python -m reference.bench decode`: greedy generation on SmolLM2-135M-Instruct, side by side.
 
     python -m reference.bench decode [--tokens 32 128 512] [--naive-max 128] [--batch 4 16]
                                      [--threads N] [--repeats 3] [--under-load]
-    python -m reference.bench kernels [--quick] [--json PATH]     (reference/kernels/bench.py)
-    python -m reference.bench serve [--quick] [--json PATH] ...   (reference/serve_bench.py)
-    python -m reference.bench batch [--requests 16] [--tokens 48]    (reference/batch_bench.py)
-    python -m reference.bench passes [--context 128] [--positions 1 2 5 8 16] (reference/pass_bench.py)
-    python -m reference.bench speculative [--tokens 128] [--k 4] [--json PATH] (reference/spec_bench.py)
-    python -m reference.bench engine-host [--batch 1 8 32] [--model tiny] ... (reference/host_bench.py)
 
-`decode` times greedy generation on SmolLM2-135M-Instruct: at batch 1 the naive loop (chapter 01),
-our KV-cached loop (chapter 02) and Hugging Face `generate` on the same weights and thread count;
-beside each row, the step's floor (the same matmuls back to back, reference/measure.py) and this
+At batch 1: the naive loop (chapter 01), our KV-cached loop (chapter 02) and Hugging Face
+`generate` on the same weights and thread count; beside each row, the step's floor and this
 machine's copy bandwidth, so step / floor and "of copy bandwidth" compare numbers taken
 together. Batched rows decode `--batch` copies of the prompt at once: the weights are read once
 per step for all of them. `--under-load` then starts a busy-loop process, chooses threads again
 as a user would on the busy machine, and reports our and HF's tokens/s under that load.
+
+The *floor* of a decode step is the time of the matrix products it cannot avoid: every weight
+matrix of the model (and the cached K/V) streamed through the same matmuls, back to back, with
+nothing else in between. A step cannot be faster than its floor on the same machine, so
+step time / floor measures everything else a step spends (Python, small ops, allocations).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import sys
-import time
 
 import torch
+from torch import Tensor
 
-from reference import measure
+from reference.bench import measure
+from reference.bench.hf_peer import load_hf_peer
+from reference.cpu_linear import linear
 from reference.decoding import DecodeStats, generate
-from reference.hf_peer import load_hf_peer
 from reference.model import load_model
 from reference.threads import choose_threads, configure, wait_policy
 
@@ -37,18 +35,17 @@ PROMPT = "Explain in a few sentences why the sky is blue."
 
 def time_ours(model, ids: list[int], n: int, use_cache: bool) -> tuple[float, list[int], DecodeStats]:
     stats = DecodeStats()
-    start = time.perf_counter()
-    out = generate(model, ids, n, use_cache=use_cache, stats=stats)
-    return time.perf_counter() - start, out, stats
+    seconds, out = measure.timed(lambda: generate(model, ids, n, use_cache=use_cache, stats=stats))
+    return seconds, out, stats
 
 
 @torch.inference_mode()
 def time_hf(hf, ids: list[int], n: int) -> tuple[float, list[int]]:
     inputs = torch.tensor([ids])
-    start = time.perf_counter()
-    out = hf.generate(inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=n,
-                      min_new_tokens=n, do_sample=False, pad_token_id=hf.config.eos_token_id)
-    return time.perf_counter() - start, out[0, len(ids):].tolist()
+    seconds, out = measure.timed(lambda: hf.generate(
+        inputs, attention_mask=torch.ones_like(inputs), max_new_tokens=n, min_new_tokens=n,
+        do_sample=False, pad_token_id=hf.config.eos_token_id))
+    return seconds, out[0, len(ids):].tolist()
 
 
 def agreement(ours: list[int], theirs: list[int]) -> str:
@@ -61,8 +58,8 @@ def agreement(ours: list[int], theirs: list[int]) -> str:
 
 def floor_columns(model, step_s: float, floor_s: float, batch: int, context: int) -> str:
     """'step ms, floor ms, step/floor, GB/s, of copy', the copy bandwidth measured now."""
-    bandwidth = measure.copy_bandwidth()
-    achieved = measure.step_bytes(model, context, batch) / step_s
+    bandwidth = measure.copy_bandwidth(seconds=0.5)
+    achieved = step_bytes(model, context, batch) / step_s
     return (f"{step_s * 1e3:8.1f} {floor_s * 1e3:9.1f} {step_s / floor_s:10.2f}x "
             f"{achieved / 1e9:6.1f} {achieved / bandwidth:8.0%}")
 
@@ -70,8 +67,8 @@ def floor_columns(model, step_s: float, floor_s: float, batch: int, context: int
 def floor_sample(model, batch: int, context: int) -> float:
     """One floor measurement (median of 3); rows take several, between their runs, so that
     the floor and the steps it is compared with see the same load."""
-    inputs = measure.floor_inputs(model, batch, context)
-    return measure.median_seconds(lambda: measure.floor_step(model, inputs), 3)
+    inputs = floor_inputs(model, batch, context)
+    return measure.median_seconds(lambda: floor_step(model, inputs), 3)
 
 
 FLOOR_HEADER = f"{'step ms':>8} {'floor ms':>9} {'step/floor':>11} {'GB/s':>6} {'of copy':>8}"
@@ -111,7 +108,7 @@ def batched_rows(model, ids: list[int], batches: list[int], n: int, repeats: int
     for batch in batches:
         steps, floors = [], []
         for _ in range(repeats):
-            steps.extend(measure.batched_decode(model, ids, batch, n)[0])
+            steps.extend(batched_decode(model, ids, batch, n)[0])
             floors.append(floor_sample(model, batch, len(ids) + n // 2))
         step_s = statistics.median(steps)
         print(f"{batch:>5} {n:>5} {batch / step_s:17.1f} "
@@ -133,7 +130,7 @@ def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repea
           f"HF {n / theirs:.1f} tok/s", flush=True)
 
 
-def bench_decode(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace) -> None:
     threads = configure(args.threads)
     model, tok = load_model("smollm2-135m")
     hf = load_hf_peer()
@@ -155,48 +152,81 @@ def bench_decode(args: argparse.Namespace) -> None:
           "'of copy' = against a large copy measured beside the row.")
 
 
+
+def kv_bytes_read(model, context: int, batch: int = 1) -> int:
+    """K and V bytes one decode step reads at a given context length (all layers)."""
+    cfg = model.config
+    item = model.embed.weight.element_size()
+    return 2 * cfg.n_layers * batch * cfg.n_kv_heads * cfg.head_dim * context * item
+
+
+def step_bytes(model, context: int, batch: int = 1) -> int:
+    """Bytes a decode step must read: every weight once, plus each sequence's K/V."""
+    return model.weight_bytes() + kv_bytes_read(model, context, batch)
+
+
+@torch.inference_mode()
+def floor_inputs(model, batch: int, context: int, seed: int = 0) -> dict:
+    """Activations and a K/V prefix shaped as in a decode step at `context` tokens."""
+    cfg = model.config
+    gen = torch.Generator().manual_seed(seed)
+    dtype = model.embed.weight.dtype
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(dtype)
+    return {"x": rand(batch, 1, cfg.d_model), "h": rand(batch, 1, cfg.d_ff),
+            "o": rand(batch, 1, cfg.n_heads * cfg.head_dim),
+            "q": rand(batch, cfg.n_kv_heads, cfg.group_size, cfg.head_dim),
+            "k": rand(batch, cfg.n_kv_heads, context, cfg.head_dim),
+            "v": rand(batch, cfg.n_kv_heads, context, cfg.head_dim)}
+
+
+@torch.inference_mode()
+def floor_step(model, inputs: dict) -> None:
+    """Only the matmuls of one decode step, on the model's own weight tensors (same layout).
+
+    Per block: the fused QKV, the attention scores q K^T and the weighted sum p V over the
+    cached prefix (one K/V head per group of query heads), the output projection, the fused
+    gate/up and the down projection; then the LM head.
+    """
+    x, h, o, q, k, v = (inputs[n] for n in ("x", "h", "o", "q", "k", "v"))
+    for block in model.blocks:
+        linear(x, block.attn.qkv_proj.weight)
+        scores = q @ k.transpose(-1, -2)
+        scores @ v
+        linear(o, block.attn.o_proj.weight)
+        linear(x, block.mlp.gate_up_proj.weight)
+        linear(h, block.mlp.down_proj.weight)
+    linear(x, model.embed.weight)
+
+
+@torch.inference_mode()
+def batched_decode(model, prompt_ids: list[int], batch: int, n_steps: int) -> tuple[list[float], Tensor]:
+    """Greedy decode of `batch` copies of the prompt together: (seconds of every decode step,
+    token ids [batch, n_steps + 1] including the one picked after the prefill).
+
+    Each step feeds [batch, 1] tokens through the model: one read of the weights serves all
+    sequences, while each sequence reads its own K/V.
+    """
+    cache = model.new_cache(batch=batch, max_len=len(prompt_ids) + n_steps + 1)
+    logits = model(torch.tensor([prompt_ids] * batch), cache=cache)
+    times, tokens = [], [logits[:, -1].argmax(-1, keepdim=True)]
+    for _ in range(n_steps):
+        seconds, logits = measure.timed(lambda: model(tokens[-1], cache=cache))
+        times.append(seconds)
+        tokens.append(logits[:, -1].argmax(-1, keepdim=True))
+    return times, torch.cat(tokens, dim=1)
+
+
 def main(argv: list[str] | None = None) -> None:
-    argv = sys.argv[1:] if argv is None else argv
-    if argv[:1] == ["kernels"]:  # chapters 05-07: the Triton kernels have their own options
-        from reference.kernels.bench import main as bench_kernels
-        return bench_kernels(argv[1:])
-    if argv[:1] == ["serve"]:  # chapters 08-09: the serving engine under a workload
-        from reference.serve_bench import main as bench_serve
-        return bench_serve(argv[1:])
-    if argv[:1] == ["batch"]:  # chapters 09 and 11: the engine vs transformers' generate_batch
-        from reference.batch_bench import main as bench_batch
-        return bench_batch(argv[1:])
-    if argv[:1] == ["passes"]:  # chapters 04 and 10: a pass over T positions vs the roofline
-        from reference.pass_bench import main as bench_passes
-        return bench_passes(argv[1:])
-    if argv[:1] == ["speculative"]:  # chapter 10: drafters vs plain decoding
-        from reference.spec_bench import main as bench_speculative
-        return bench_speculative(argv[1:])
-    if argv[:1] == ["engine-host"]:  # issue 14: an engine step's host time beside its model time
-        from reference.host_bench import main as bench_host
-        bench_host(argv[1:])
-        return None
-    parser = argparse.ArgumentParser(prog="python -m reference.bench", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    dec = sub.add_parser("decode", help="naive vs cached vs HF generate; floor; batched; under load")
-    dec.add_argument("--tokens", type=int, nargs="+", default=[32, 128, 512])
-    dec.add_argument("--naive-max", type=int, default=128,
-                     help="skip the naive loop above this many new tokens (its cost grows as N^2)")
-    dec.add_argument("--batch", type=int, nargs="*", default=[4, 16],
-                     help="batch sizes for batched decode rows (none: skip)")
-    dec.add_argument("--batch-tokens", type=int, default=64, help="decode steps per batched row")
-    dec.add_argument("--repeats", type=int, default=3, help="runs per row (median)")
-    dec.add_argument("--threads", type=int, default=None, help="default: the cores free now")
-    dec.add_argument("--under-load", action="store_true",
-                     help="also measure with a competing busy-loop process running")
-    sub.add_parser("kernels", help="Triton kernels vs PyTorch (see python -m reference.bench kernels --help)")
-    sub.add_parser("serve", help="static vs continuous batching vs one at a time (see ... serve --help)")
-    sub.add_parser("batch", help="the engine vs HF generate_batch and HF sequential (see ... batch --help)")
-    sub.add_parser("passes", help="a pass over T positions: ours packed / F.linear / HF vs the roofline (... passes --help)")
-    sub.add_parser("speculative", help="drafters vs plain decoding (see python -m reference.bench speculative --help)")
-    sub.add_parser("engine-host", help="an engine step's host vs model time (see ... engine-host --help)")
-    bench_decode(parser.parse_args(argv))
-
-
-if __name__ == "__main__":
-    main()
+    parser = argparse.ArgumentParser(prog="python -m reference.bench decode", description=__doc__.split("\n")[0])
+    parser.add_argument("--tokens", type=int, nargs="+", default=[32, 128, 512])
+    parser.add_argument("--naive-max", type=int, default=128,
+                        help="skip the naive loop above this many new tokens (its cost grows as N^2)")
+    parser.add_argument("--batch", type=int, nargs="*", default=[4, 16],
+                        help="batch sizes for batched decode rows (none: skip)")
+    parser.add_argument("--batch-tokens", type=int, default=64, help="decode steps per batched row")
+    parser.add_argument("--repeats", type=int, default=3, help="runs per row (median)")
+    parser.add_argument("--threads", type=int, default=None, help="default: the cores free now")
+    parser.add_argument("--under-load", action="store_true",
+                        help="also measure with a competing busy-loop process running")
+    run(parser.parse_args(argv))

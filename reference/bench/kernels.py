@@ -17,12 +17,11 @@ import json
 import os
 import subprocess
 import sys
-import time
 
 import torch
 import torch.nn.functional as F
 
-from reference.measure import provenance
+from reference.bench.measure import provenance, timed
 
 SEQ_LENS = [512, 1024, 2048, 4096, 8192, 16384]
 TOKENS_PER_ROW = 16384          # batch * N kept constant, so every row does comparable work
@@ -177,9 +176,7 @@ def interpreter_check() -> list[dict]:
     }
     rows = []
     for name, (run, reference) in cases.items():
-        start = time.perf_counter()
-        out = run()
-        seconds = time.perf_counter() - start
+        seconds, out = timed(run)
         error = ((out.double() - reference).abs().max() / reference.abs().max()).item()
         rows.append({"case": name, "max_rel_error": error, "interpreter_seconds": seconds})
         print(f"  {name:34} max relative error {error:.1e}   ({seconds:.2f} s in the interpreter)")
@@ -211,7 +208,7 @@ def main(argv: list[str] | None = None) -> None:
         result["hbm_bytes"] = hbm_table()
         print("\nInterpreter correctness run (TRITON_INTERPRET=1, float32, vs float64):")
         env = {**os.environ, "TRITON_INTERPRET": "1"}
-        child = subprocess.run([sys.executable, "-m", "reference.kernels.bench", "--interpreter-check"],
+        child = subprocess.run([sys.executable, "-m", "reference.bench.kernels", "--interpreter-check"],
                                env=env, capture_output=True, text=True, check=True)
         lines = child.stdout.rstrip().splitlines()
         print("\n".join(lines[:-1]))

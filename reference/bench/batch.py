@@ -22,13 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
 
 import torch
 
 from reference.device import resolve_device
-from reference.measure import provenance
-from reference.serve_workload import SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, make_workload
+from reference.bench.measure import provenance, timed
+from reference.bench.workload import SHORT_SYSTEM_PROMPT, SYSTEM_PROMPT, make_workload
 
 HF_SEQUENTIAL, HF_BATCH = "HF generate, sequential", "HF generate_batch"
 OURS_SEQUENTIAL = "ours, sequential (peer stand-in)"
@@ -91,11 +90,7 @@ def measure(model, tokenizer, hf, prompts: list[list[int]], n: int, attention: s
     rows = []
     for name, run in runners(model, tokenizer, hf, attention).items():
         run(prompts[:2], 2)                                  # warm-up: thread pool, allocator, kernels
-        start = time.perf_counter()
-        replies = run(prompts, n)
-        if model.device.type == "cuda":
-            torch.cuda.synchronize()
-        seconds = time.perf_counter() - start
+        seconds, replies = timed(lambda: run(prompts, n), model.device)
         rows.append(dict(config=name, seconds=seconds, tokens=sum(map(len, replies)),
                          tok_s=sum(map(len, replies)) / seconds, replies=replies))
         print(f"  done: {name:32} {rows[-1]['tok_s']:8.1f} tok/s", flush=True)
@@ -138,7 +133,7 @@ def main(argv: list[str]) -> None:
     model, tokenizer = load_model(args.model, device=args.device)
     hf = None
     if args.model == "smollm2-135m":
-        from reference.hf_peer import load_hf_peer
+        from reference.bench.hf_peer import load_hf_peer
         hf = load_hf_peer(device=args.device)
     system = SYSTEM_PROMPT if args.model == "smollm2-135m" else SHORT_SYSTEM_PROMPT
     prompts = [r.prompt_ids for r in make_workload(tokenizer, args.requests, args.tokens, args.seed,

@@ -15,15 +15,15 @@ machine's measured copy bandwidth and matmul FLOP/s (chapter 04).
 from __future__ import annotations
 
 import argparse
-import statistics
-import time
+import functools
 from dataclasses import dataclass
 
 import torch
 
 from reference import cpu_linear
-from reference.roofline import forward_cost
-from reference.roofline_measure import MachineRoofline, measure_machine
+from reference.bench.machine import MachineRoofline, measure_machine
+from reference.bench.measure import interleaved_medians
+from reference.calculators.roofline import forward_cost
 
 
 @dataclass(frozen=True)
@@ -86,20 +86,13 @@ def measure_passes(model, hf=None, *, context: int = 128, positions=(1, 2, 5, 8,
         runners["HF"] = HFPass(hf, prompt)
     machine = machine or measure_machine(seconds=2.0)
     inputs = {t: torch.randint(0, vocab, (1, t), generator=gen) for t in positions}
-    for run in runners.values():            # warm-up: packing, allocator, kernel choice
-        for t in positions:
-            run(inputs[t])
-    times = {(name, t): [] for name in runners for t in positions}
-    for _ in range(repeats):
-        for t in positions:
-            for name, run in runners.items():
-                start = time.perf_counter()
-                run(inputs[t])
-                times[name, t].append(time.perf_counter() - start)
+    # the warm-up call of each also pays for packing, the allocator and kernel choice
+    medians = interleaved_medians({(name, t): functools.partial(run, inputs[t])
+                                   for t in positions for name, run in runners.items()}, repeats)
     rows = []
     for t in positions:
         seconds, intensity = predicted_seconds(model.config, model.embed.weight.dtype, machine, t, context)
-        rows.append(PassRow(t, {name: statistics.median(times[name, t]) for name in runners}, seconds, intensity))
+        rows.append(PassRow(t, {name: medians[name, t] for name in runners}, seconds, intensity))
     return rows, machine
 
 
@@ -144,7 +137,7 @@ def main(argv: list[str]) -> None:
     model, _ = load_model(args.model)
     hf = None
     if not args.no_hf and args.model == "smollm2-135m":
-        from reference.hf_peer import load_hf_peer
+        from reference.bench.hf_peer import load_hf_peer
         hf = load_hf_peer()
     positions = sorted(set([1] + args.positions))
     rows, machine = measure_passes(model, hf, context=args.context, positions=positions, repeats=args.repeats)
