@@ -117,3 +117,13 @@ def assert_equal(got: Any, expected: Any, *, name: str, hint: str | None = None)
         _fail(f"`{name}` should be a {type(expected).__name__} but is {_describe_type(got)}", hint)
     if got != expected:
         _fail(f"`{name}` is {_short(got)} but should be {_short(expected)}", hint)
+
+
+def as_number(got: Any, *, name: str, kind: str = "a number") -> float:
+    """``got`` (an int, a float or a one-element tensor) as a float; anything else, a bool too,
+    fails with "``name`` returned ``got``; expected ``kind``"."""
+    if isinstance(got, torch.Tensor) and got.numel() == 1:
+        got = got.item()
+    if isinstance(got, bool) or not isinstance(got, (int, float)):
+        raise AssertionError(f"{name} returned {got!r}; expected {kind}")
+    return float(got)

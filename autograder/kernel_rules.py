@@ -17,7 +17,7 @@ So a kernel cell must be Triton code, which these rules check on the AST (nothin
 
 ``cell_problem`` applies these to any kernel; graders add their exercise's own rules with
 ``reachable_calls`` (an operation that counts only where it can run) and ``loop_problem`` (a loop
-over keys must step a whole tile at a time).
+over keys must step a whole tile at a time; ``require_tile_loop`` fails a grader test with it).
 """
 from __future__ import annotations
 
@@ -351,3 +351,12 @@ def loop_problem(source: str, kernel: str, tile: str) -> str | None:
         return (f"line {loop.lineno}: `for ... in {ast.unparse(it)}` does not step one tile of "
                 f"{tile} keys at a time")
     return None
+
+
+def require_tile_loop(learner: Any, kernel: str, tile: str, advice: str) -> None:
+    """Fail with ``"<kernel>: <loop_problem>. <advice>"`` where the learner's ``kernel`` does not
+    step one tile of ``tile`` keys at a time; pass where its source cannot be had."""
+    source = kernel_source(learner, kernel)
+    problem = source and loop_problem(source, kernel, tile)
+    if problem:
+        raise AssertionError(f"{kernel}: {problem}. {advice}")

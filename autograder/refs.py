@@ -57,6 +57,15 @@ class Remote:
     id: int
 
 
+def _each_item(container: list | tuple | dict, convert: Callable[[Any], Any]) -> list | tuple | dict:
+    """A new list, tuple or dict (as ``container`` is) of ``convert`` applied to each item."""
+    if isinstance(container, list):
+        return [convert(v) for v in container]
+    if isinstance(container, tuple):
+        return tuple(convert(v) for v in container)
+    return {k: convert(v) for k, v in container.items()}
+
+
 def to_wire(value: Any, register: Callable[[Any], Remote] | None = None) -> Any:
     """``value`` with markers replaced (recursively) by tagged plain dicts; other objects are
     refused. ``register`` turns a ``ModelRef``/``CacheRef`` into the ``Remote`` it stands for."""
@@ -72,12 +81,8 @@ def to_wire(value: Any, register: Callable[[Any], Remote] | None = None) -> Any:
         return value.detach().as_subclass(torch.Tensor).clone()
     if isinstance(value, SCALARS):
         return value
-    if isinstance(value, list):
-        return [to_wire(v, register) for v in value]
-    if isinstance(value, tuple):
-        return tuple(to_wire(v, register) for v in value)
-    if isinstance(value, dict):
-        return {k: to_wire(v, register) for k, v in value.items()}
+    if isinstance(value, (list, tuple, dict)):
+        return _each_item(value, lambda v: to_wire(v, register))
     raise TypeError(f"cannot send a {type(value).__name__} to the learner; use plain data, "
                     "ModelRef, CacheRef or a Handle")
 
@@ -94,10 +99,6 @@ def from_wire(value: Any, resolve: Callable[[dict], Any] | None = None) -> Any:
                 and isinstance(value.get("kind"), str):
             return Remote(value["kind"], value["id"])
         raise ValueError(f"unexpected marker {value[TAG]!r} in a learner result")
-    if isinstance(value, list):
-        return [from_wire(v, resolve) for v in value]
-    if isinstance(value, tuple):
-        return tuple(from_wire(v, resolve) for v in value)
-    if isinstance(value, dict):
-        return {k: from_wire(v, resolve) for k, v in value.items()}
+    if isinstance(value, (list, tuple, dict)):
+        return _each_item(value, lambda v: from_wire(v, resolve))
     return value

@@ -3,6 +3,7 @@ import ast
 import json
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -123,6 +124,9 @@ def test_feedback_messages_teach():
         feedback.assert_equal_tokens(torch.tensor([1, 2]), [1, 2, 3], name="ids")
     with pytest.raises(AssertionError, match="is 4 but should be 5"):
         feedback.assert_equal(4, 5, name="n")
+    with pytest.raises(AssertionError, match=r"^f\(1\) returned True; expected a float$"):
+        feedback.as_number(True, name="f(1)", kind="a float")
+    assert feedback.as_number(torch.tensor([2]), name="f(1)") == 2.0
     feedback.assert_close(expected + 1e-7, expected, name="logits")
 
 
@@ -290,7 +294,7 @@ def test_a_kernel_cell_holds_no_plain_python_helpers_or_other_imports():
 
 
 def test_required_calls_count_only_where_they_run_and_loops_step_whole_tiles():
-    from autograder.kernel_rules import loop_problem, reachable_calls
+    from autograder.kernel_rules import loop_problem, reachable_calls, require_tile_loop
 
     def dots(body):
         calls = reachable_calls(KERNEL_HEAD + body, "kern")
@@ -306,6 +310,11 @@ def test_required_calls_count_only_where_they_run_and_loops_step_whole_tiles():
         problem = loop_problem(KERNEL_HEAD + f"    for i in {loop}:\n        x = x + 1\n", "kern",
                                "BLOCK")
         assert (problem is None) == ok, (loop, problem)
+    stepping_keys = KERNEL_HEAD + "    for i in range(0, n):\n        x = x + 1\n"
+    learner = types.SimpleNamespace(cell_source=lambda name: stepping_keys)
+    with pytest.raises(AssertionError, match=r"^kern: line 9: .* one tile of BLOCK keys at a "
+                                             r"time\. Use tiles$"):
+        require_tile_loop(learner, "kern", "BLOCK", "Use tiles")
 
 
 def test_every_forward_is_recorded_with_its_model_whatever_cache_it_goes_into():

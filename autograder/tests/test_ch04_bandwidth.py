@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from autograder.feedback import assert_close
+from autograder.feedback import as_number, assert_close
 from autograder.inputs import generator, randint
 from autograder.plugin import exercise
 from reference.calculators import roofline as rf
@@ -28,14 +28,6 @@ def _pick(gen: torch.Generator, options: list):
 def _near(a, b, rel: float = 1e-9) -> bool:
     return isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) \
         and math.isclose(a, b, rel_tol=rel, abs_tol=1e-300)
-
-
-def _number(value, call: str) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AssertionError(f"{call} returned {value!r}; expected a number")
-    return float(value)
 
 
 def _judge(cases: list[tuple[str, float, float, list[tuple[float, str]]]], rule: str) -> None:
@@ -121,7 +113,7 @@ def _judge_matmuls(learner, shapes: list[tuple[int, int, int, str]]) -> None:
     cases = []
     for m, k, n, dtype in shapes:
         call = f"matmul_intensity({m}, {k}, {n}, {dtype!r})"
-        got = _number(learner.call("matmul_intensity", m, k, n, dtype), call)
+        got = as_number(learner.call("matmul_intensity", m, k, n, dtype), name=call)
         flops, moved = rf.matmul_cost(m, k, n, dtype)
         size = rf.dtype_bits(dtype) / 8
         ab, c = (m * k + k * n) * size, m * n * size
@@ -178,7 +170,7 @@ def test_attainable_flops_on_both_sides_of_the_ridge(learner, seed):
         ridge = peak / bandwidth
         for intensity in (ridge * randint(gen, 1, 99) / 100, ridge * randint(gen, 101, 1000) / 100):
             call = f"attainable_flops({intensity:.6g}, {peak:.6g}, {bandwidth:.6g})"
-            got = _number(learner.call("attainable_flops", intensity, peak, bandwidth), call)
+            got = as_number(learner.call("attainable_flops", intensity, peak, bandwidth), name=call)
             cases.append((call, got, rf.attainable_flops(intensity, peak, bandwidth),
                           _attainable_slips(intensity, peak, bandwidth)))
     _judge(cases, "attainable = min(peak_flops, intensity x bandwidth).")
@@ -202,8 +194,8 @@ def _judge_floors(learner, models: list[tuple[int, str, float, int]]) -> None:
     cases = []
     for n_params, dtype, bandwidth, kv_bytes in models:
         call = f"decode_floor_seconds({n_params}, {dtype!r}, {bandwidth:.6g}, kv_bytes={kv_bytes})"
-        got = _number(learner.call("decode_floor_seconds", n_params, dtype, bandwidth,
-                                   kv_bytes=kv_bytes), call)
+        got = as_number(learner.call("decode_floor_seconds", n_params, dtype, bandwidth,
+                                     kv_bytes=kv_bytes), name=call)
         weights = rf.nbytes(n_params, dtype)
         expected = rf.decode_floor_seconds(weights + kv_bytes, bandwidth)
         whole_bytes = max(weights, n_params)  # int4 counted as one byte per weight

@@ -21,7 +21,7 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 from autograder.errors import LearnerError
 from autograder.feedback import assert_close
 from autograder.inputs import generator, qkv, randint
-from autograder.kernel_rules import kernel_source, loop_problem
+from autograder.kernel_rules import require_tile_loop
 from autograder.plugin import exercise
 from reference.kernels.torch_reference import naive_attention
 from reference.calculators.flash_versions import GPU_GENERATIONS, HEAD_DIMS, pick_flash
@@ -246,13 +246,10 @@ def _check_kernel(learner, gen, batch, heads, kv_heads, n_keys, dim, num_splits)
     call = (f"decode_partial_kernel on q [{batch}, {heads}, {dim}], k/v [{batch}, {kv_heads}, "
             f"{n_keys}, {dim}], {num_splits} splits of {-(-n_keys // num_splits)} keys")
     (q, k, v, scale), got = _run_kernel(learner, gen, batch, heads, kv_heads, n_keys, dim, num_splits)
-    source = kernel_source(learner, "decode_partial_kernel")
-    loops = source and loop_problem(source, "decode_partial_kernel", "BLOCK_N")
-    if loops:
-        raise AssertionError(f"decode_partial_kernel: {loops}. Work on whole tiles: one loop "
-                             "over the split's tiles, range(start, end, BLOCK_N), with tl.arange "
-                             "offsets and tl.sum/tl.max over the tile, no loop over single keys "
-                             "or dimensions")
+    require_tile_loop(learner, "decode_partial_kernel", "BLOCK_N",
+                      "Work on whole tiles: one loop over the split's tiles, range(start, end, "
+                      "BLOCK_N), with tl.arange offsets and tl.sum/tl.max over the tile, no loop "
+                      "over single keys or dimensions")
     want = _states(q, k, v, num_splits, sm_scale=scale)
     if _same(got, want):
         merged_m = want[0].amax(-1, keepdim=True)          # the grader's merge (second stage)

@@ -24,7 +24,7 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 from autograder.errors import LearnerError
 from autograder.feedback import assert_close
 from autograder.inputs import generator, randint
-from autograder.kernel_rules import kernel_source, loop_problem
+from autograder.kernel_rules import require_tile_loop
 from autograder.plugin import exercise
 from reference.attention import paged_attention
 from reference.calculators.fragmentation import WALKTHROUGH, WALKTHROUGH_BLOCK_SIZE, WALKTHROUGH_SLOTS, \
@@ -490,13 +490,10 @@ def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share):
                                                       block_size, share)
     call = (f"paged_decode_kernel on q [{batch}, {heads}, {dim}], blocks of {block_size} with "
             f"{kv_heads} K/V heads, context_lens {lens.tolist()}")
-    source = kernel_source(learner, "paged_decode_kernel")
-    loops = source and loop_problem(source, "paged_decode_kernel", "BLOCK_SIZE")
-    if loops:
-        raise AssertionError(f"paged_decode_kernel: {loops}. Work on whole blocks: one loop over "
-                             "the sequence's blocks, e.g. range(0, tl.cdiv(context_len, "
-                             "BLOCK_SIZE)), each iteration loading a [BLOCK_SIZE, HEAD_DIM] tile "
-                             "with tl.arange offsets")
+    require_tile_loop(learner, "paged_decode_kernel", "BLOCK_SIZE",
+                      "Work on whole blocks: one loop over the sequence's blocks, e.g. range(0, "
+                      "tl.cdiv(context_len, BLOCK_SIZE)), each iteration loading a [BLOCK_SIZE, "
+                      "HEAD_DIM] tile with tl.arange offsets")
     out = torch.full_like(q, float("nan"))
     args = learner.launch("paged_decode_kernel", (batch * heads,), q, k_cache, v_cache, out,
                           tables, lens, heads, kv_heads, tables.shape[1], 1 / math.sqrt(dim),

@@ -12,7 +12,7 @@ import math
 import torch
 
 from autograder.errors import LearnerError
-from autograder.feedback import assert_close, assert_equal, assert_equal_tokens
+from autograder.feedback import as_number, assert_close, assert_equal, assert_equal_tokens
 from autograder.inputs import generator, randint
 from autograder.plugin import exercise
 from autograder.refs import CacheRef, ModelRef
@@ -28,14 +28,6 @@ def _distributions(gen, vocab: int, sparse: bool) -> tuple[torch.Tensor, torch.T
         logits[torch.rand(2, vocab, generator=gen) < 0.3] = -math.inf
         logits[:, 0] = 0.0  # at least one entry survives in each
     return tuple(torch.softmax(logits, -1).float())
-
-
-def _number(value, call: str) -> float:
-    if isinstance(value, torch.Tensor) and value.numel() == 1:
-        value = value.item()
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise AssertionError(f"{call} returned {value!r}; expected a float")
-    return float(value)
 
 
 def _judge(call: str, got: float, expected: float, slips: list[tuple[float, str]], rule: str) -> None:
@@ -54,7 +46,8 @@ def test_acceptance_rate_is_the_overlap_of_p_and_q(learner, seed):
     gen = generator(seed)
     for sparse in (False, True, True):
         p, q = _distributions(gen, randint(gen, 4, 60), sparse)
-        got = _number(learner.call("acceptance_rate", p, q), "acceptance_rate(p, q)")
+        got = as_number(learner.call("acceptance_rate", p, q), name="acceptance_rate(p, q)",
+                        kind="a float")
         p64, q64 = p.double(), q.double()
         _judge("acceptance_rate(p, q)", got, ref.acceptance_rate(p, q), [
             (float((p64 * q64).sum()), "that is the chance that a draw from p EQUALS a draw from q "
@@ -63,8 +56,9 @@ def test_acceptance_rate_is_the_overlap_of_p_and_q(learner, seed):
             (float(torch.maximum(p64, q64).sum()), "max instead of min"),
             (float(0.5 * (p64 - q64).abs().sum()), "that is the total-variation distance; alpha = 1 - TV")],
             "alpha = sum over the vocabulary of min(p(x), q(x))")
-    _judge("acceptance_rate(p, p)", _number(learner.call("acceptance_rate", p, p), "acceptance_rate(p, p)"),
-           1.0, [], "a draft equal to the target is always accepted: alpha = 1")
+    got = as_number(learner.call("acceptance_rate", p, p), name="acceptance_rate(p, p)", kind="a float")
+    _judge("acceptance_rate(p, p)", got, 1.0, [],
+           "a draft equal to the target is always accepted: alpha = 1")
 
 
 # ------------------------------------------------------------------------- expected_tokens
@@ -76,7 +70,7 @@ def test_expected_tokens_counts_the_accepted_drafts_and_one_more(learner, seed):
     cases += [(float(torch.rand((), generator=gen)), randint(gen, 1, 10)) for _ in range(3)]
     for alpha, k in cases:
         call = f"expected_tokens({alpha:.4g}, {k})"
-        got = _number(learner.call("expected_tokens", alpha, k), call)
+        got = as_number(learner.call("expected_tokens", alpha, k), name=call, kind="a float")
         no_bonus = sum(alpha ** j for j in range(k))
         _judge(call, got, ref.expected_tokens(alpha, k), [
             (no_bonus, "the target's own token is missing: every pass adds one token after the "
@@ -103,7 +97,7 @@ def test_accept_probability_and_residual_make_the_target_distribution(learner, s
             raise AssertionError("accept_and_residual must return a pair (accept_probability, residual)")
         accept, residual = result
         call = f"accept_and_residual(p, q, {x})"
-        _judge(f"the accept probability of {call}", _number(accept, call),
+        _judge(f"the accept probability of {call}", as_number(accept, name=call, kind="a float"),
                min(1.0, float(p[x]) / float(q[x])),
                [(float(p[x]), "p(x) is the chance that a token drawn from the target matches x "
                               "(the token-matching rule): it accepts too rarely where q(x) < p(x) and "
