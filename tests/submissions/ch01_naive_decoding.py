@@ -1,8 +1,10 @@
 """Known-wrong and cheating submissions for chapter 01 (see tests/test_selfcheck.py).
 
-Each section is the body of one solution cell. None of them may earn the exercise's full
-points. Sections of the same kind are graded in batches: the k-th "wrong" section of every
-exercise goes into one notebook, and likewise for "cheat".
+Each section is the body of one solution cell, written in full or, for a slip, as
+`# replace:` / `# with:` edits of the solution section (autograder/solutions/__init__.py).
+None of them may earn the exercise's full points. Sections of the same kind are graded in
+batches: the k-th "wrong" section of every exercise goes into one notebook, and likewise for
+"cheat".
 """
 
 # %% grade_id: naive_work | wrong: counts each step after appending the new token

@@ -1,6 +1,8 @@
 """Known-wrong and cheating submissions for chapter 02 (see tests/test_selfcheck.py).
 
-Each section is the body of one solution cell; none may earn the exercise's full points.
+Each section is the body of one solution cell, written in full or, for a slip, as
+`# replace:` / `# with:` edits of the solution section (autograder/solutions/__init__.py);
+none may earn the exercise's full points.
 """
 
 # %% grade_id: KVCache | wrong: grows the cache with torch.cat at every append
@@ -183,10 +185,8 @@ def decode_attention(q, k, v):
 # %% grade_id: cached_generate | wrong: reads the first row of the prefill logits
 # expect: LAST row of the prefill logits
 # replace:
-#         logits = model(torch.tensor([[int(t) for t in prompt_ids]], dtype=torch.long), cache=cache)
 #         token = int(torch.argmax(logits[0, -1]))
 # with:
-#         logits = model(torch.tensor([[int(t) for t in prompt_ids]], dtype=torch.long), cache=cache)
 #         token = int(torch.argmax(logits[0, 0]))
 
 

@@ -1,6 +1,8 @@
 """Known-wrong and cheating submissions for chapter 09 (see tests/test_selfcheck.py).
 
-Each section is the body of one solution cell; none may earn the exercise's full points.
+Each section is the body of one solution cell, written in full or, for a slip, as
+`# replace:` / `# with:` edits of the solution section (autograder/solutions/__init__.py);
+none may earn the exercise's full points.
 """
 
 # %% grade_id: continuous_batch_step | wrong: admits before retiring (a finished request's slot idles a step)
