@@ -3,7 +3,8 @@ cheating submissions through the command-line autograder, then report per exerci
 
 Submissions are sections of ``tests/submissions/<chapter>.py`` (marker syntax in
 ``autograder/solutions/__init__.py``); a ``# expect: TEXT`` line in a section names a piece of
-the teaching message the grader must show for it. The k-th section of a kind ("wrong", "cheat") of every
+the teaching message the grader must show for it. A section is full code, or a slip written
+as ``# replace:`` / ``# with:`` edits of the solution section, applied by ``variants``. The k-th section of a kind ("wrong", "cheat") of every
 exercise goes into notebook ``<kind>_<k>``; exercises without a k-th section keep their stub.
 The notebooks of all chapters sit in one folder that a single
 ``python -m autograder grade FOLDER --jobs 2`` grades (the CLI picks each notebook's chapter
@@ -20,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from autograder.notebook import inject, read_notebook
-from autograder.solutions import Section, load_solutions, split_sections
+from autograder.solutions import EditError, Section, load_solutions, split_sections
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBMISSIONS = Path(__file__).resolve().parent / "submissions"
@@ -50,9 +51,20 @@ def expectations(section: Section) -> list[str]:
 
 
 def variants(chapter: str) -> dict[str, dict[str, list[Section]]]:
-    """kind -> grade_id -> sections, in file order."""
+    """kind -> grade_id -> sections, in file order, each as the code that gets injected: a
+    variant written as an edit (``# replace:`` / ``# with:``) is applied to the solution
+    section of its grade_id here, which raises ``EditError`` naming the variant when a
+    ``replace`` block is not exactly once in that solution."""
+    path = SUBMISSIONS / f"{chapter}.py"
+    where = str(path.relative_to(ROOT))
+    solutions = load_solutions(chapter)
     out: dict[str, dict[str, list[Section]]] = {}
-    for sec in split_sections((SUBMISSIONS / f"{chapter}.py").read_text()):
+    for sec in split_sections(path.read_text(), where):
+        if sec.edits:
+            if sec.grade_id not in solutions:
+                raise EditError(f"{where}:{sec.line}: `{sec.name}` edits the solution of "
+                                f"{sec.grade_id!r}, which {chapter} does not have")
+            sec = sec.applied_to(solutions[sec.grade_id], where)
         out.setdefault(sec.kind, {}).setdefault(sec.grade_id, []).append(sec)
     return out
 

@@ -38,6 +38,23 @@ def test_every_exercise_has_a_known_wrong_and_a_cheat(chapter):
         assert set(kinds.get(kind, {})) == solutions, f"{kind} variants missing for some exercise"
 
 
+def test_edited_variants_fit_their_solutions(chapter):
+    """``variants`` applies each `# replace:` / `# with:` variant to its solution section and
+    raises (naming the variant) when a replace block is missing there or ambiguous; no
+    variant's code may come out as the solution itself."""
+    def code(source):
+        lines = source.splitlines()
+        while lines and lines[0].startswith("#"):
+            lines.pop(0)
+        return "\n".join(lines).strip()
+
+    solutions = selfcheck.load_solutions(chapter)
+    for per_exercise in selfcheck.variants(chapter).values():
+        for gid, sections in per_exercise.items():
+            for section in sections:
+                assert code(section.source) != code(solutions[gid]), f"{section.name} is the solution"
+
+
 @pytest.mark.slow
 def test_untouched_stub_scores_zero(graded):
     score, best = graded["stub"].total

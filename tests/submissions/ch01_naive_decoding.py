@@ -1,30 +1,26 @@
 """Known-wrong and cheating submissions for chapter 01 (see tests/test_selfcheck.py).
 
-Each section is the body of one solution cell. None of them may earn the exercise's full
-points. Sections of the same kind are graded in batches: the k-th "wrong" section of every
-exercise goes into one notebook, and likewise for "cheat".
+Each section is the body of one solution cell, written in full or, for a slip, as
+`# replace:` / `# with:` edits of the solution section (autograder/solutions/__init__.py).
+None of them may earn the exercise's full points. Sections of the same kind are graded in
+batches: the k-th "wrong" section of every exercise goes into one notebook, and likewise for
+"cheat".
 """
 
 # %% grade_id: naive_work | wrong: counts each step after appending the new token
 # expect: one position too long
-def naive_work(prompt_len, n_new):
-    positions = cells = 0
-    for i in range(n_new):
-        n = prompt_len + i + 1
-        positions += n
-        cells += n * n
-    return positions, cells
+# replace:
+#         seq_len = prompt_len + step
+# with:
+#         seq_len = prompt_len + step + 1
 
 
 # %% grade_id: naive_work | wrong: counts only the causal half of the score matrix
 # expect: causal half
-def naive_work(prompt_len, n_new):
-    positions = cells = 0
-    for i in range(n_new):
-        n = prompt_len + i
-        positions += n
-        cells += n * (n + 1) // 2
-    return positions, cells
+# replace:
+#         cells += seq_len * seq_len
+# with:
+#         cells += seq_len * (seq_len + 1) // 2
 
 
 # %% grade_id: naive_work | cheat: imports the reference implementation
@@ -42,36 +38,34 @@ def naive_work(prompt_len, n_new):
 
 # %% grade_id: causal_attention | wrong: forgets the 1/sqrt(D) scale
 # expect: not divided by sqrt(D)
-def causal_attention(q, k, v):
-    t = q.shape[-2]
-    s = q @ k.transpose(-2, -1)
-    s = s.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf"))
-    return s.softmax(-1) @ v
+# replace:
+#     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(dim)
+# with:
+#     scores = torch.matmul(q, k.transpose(-2, -1))
 
 
 # %% grade_id: causal_attention | wrong: masks the diagonal too
 # expect: must still see itself
-def causal_attention(q, k, v):
-    t = q.shape[-2]
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    s = s.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 0), float("-inf"))
-    return s.softmax(-1) @ v
+# replace:
+#     future = torch.ones(n_pos, n_pos, dtype=torch.bool, device=q.device).triu(diagonal=1)
+# with:
+#     future = torch.ones(n_pos, n_pos, dtype=torch.bool, device=q.device).triu(diagonal=0)
 
 
 # %% grade_id: causal_attention | wrong: softmax over the query axis
 # expect: over the query axis
-def causal_attention(q, k, v):
-    t = q.shape[-2]
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    s = s.masked_fill(torch.triu(torch.ones(t, t, dtype=torch.bool), 1), float("-inf"))
-    return s.softmax(-2) @ v
+# replace:
+#     weights = torch.softmax(scores, dim=-1)
+# with:
+#     weights = torch.softmax(scores, dim=-2)
 
 
 # %% grade_id: causal_attention | wrong: no causal mask
 # expect: there is no causal mask
-def causal_attention(q, k, v):
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    return s.softmax(-1) @ v
+# replace:
+#     future = torch.ones(n_pos, n_pos, dtype=torch.bool, device=q.device).triu(diagonal=1)
+#     scores = scores.masked_fill(future, float("-inf"))
+# with:
 
 
 # %% grade_id: causal_attention | cheat: calls the fused kernel the exercise forbids
@@ -88,24 +82,20 @@ def causal_attention(q, k, v):
 
 # %% grade_id: naive_generate | wrong: feeds only the newest token without a cache
 # expect: only the newest token was fed
-def naive_generate(model, prompt_ids, n_new):
-    seq = list(prompt_ids)
-    out = []
-    for i in range(n_new):
-        x = seq if i == 0 else seq[-1:]
-        tok = int(model(torch.tensor([x]))[0, -1].argmax())
-        out.append(tok)
-        seq.append(tok)
-    return out
+# replace:
+#         for _ in range(n_new):
+#             logits = model(torch.tensor([seq], dtype=torch.long))
+# with:
+#         for step in range(n_new):
+#             logits = model(torch.tensor([seq if step == 0 else seq[-1:]], dtype=torch.long))
 
 
 # %% grade_id: naive_generate | wrong: returns the prompt together with the new tokens
 # expect: return only the n_new generated ids
-def naive_generate(model, prompt_ids, n_new):
-    seq = list(prompt_ids)
-    for _ in range(n_new):
-        seq.append(int(model(torch.tensor([seq]))[0, -1].argmax()))
-    return seq
+# replace:
+#     return generated
+# with:
+#     return seq
 
 
 # %% grade_id: naive_generate | cheat: calls the reference generator with its KV cache

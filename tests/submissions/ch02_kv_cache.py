@@ -1,6 +1,8 @@
 """Known-wrong and cheating submissions for chapter 02 (see tests/test_selfcheck.py).
 
-Each section is the body of one solution cell; none may earn the exercise's full points.
+Each section is the body of one solution cell, written in full or, for a slip, as
+`# replace:` / `# with:` edits of the solution section (autograder/solutions/__init__.py);
+none may earn the exercise's full points.
 """
 
 # %% grade_id: KVCache | wrong: grows the cache with torch.cat at every append
@@ -36,60 +38,49 @@ class KVCache:
 
 # %% grade_id: KVCache | wrong: one shared write position for all layers
 # expect: Each layer needs its own fill level
-class KVCache:
-    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
-                 dtype=torch.float32, device="cpu"):
-        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.max_len = max_len
-        self.length = 0
+# replace:
+#         self.filled = [0] * n_layers   # positions held, per layer
+# with:
+#         self.filled = 0                # ONE write position, shared by all layers
 
-    def append(self, layer, k, v):
-        t = k.shape[-2]
-        if self.length + t > self.max_len:
-            raise ValueError("cache is full")
-        self.k[layer, :, :, self.length:self.length + t] = k
-        self.v[layer, :, :, self.length:self.length + t] = v
-        self.length += t
-        return self.read(layer)
+# replace:
+#         return self.filled[self.last_layer]
+# with:
+#         return self.filled
 
-    def read(self, layer):
-        return self.k[layer, :, :, :self.length], self.v[layer, :, :, :self.length]
+# replace:
+#         start = self.filled[layer]
+# with:
+#         start = self.filled
 
-    def truncate(self, n):
-        self.length = min(self.length, n)
+# replace:
+#         self.filled[layer] = stop
+# with:
+#         self.filled = stop
+
+# replace:
+#         used = self.filled[layer]
+# with:
+#         used = self.filled
+
+# replace:
+#         self.filled = [min(used, n) for used in self.filled]
+# with:
+#         self.filled = min(self.filled, n)
 
 
 # %% grade_id: KVCache | wrong: no capacity check, the slice silently clips
 # expect: raise ValueError when an append
-class KVCache:
-    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
-                 dtype=torch.float32, device="cpu"):
-        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
-        self.k = torch.zeros(shape, dtype=dtype, device=device)
-        self.v = torch.zeros(shape, dtype=dtype, device=device)
-        self.used = [0] * n_layers
-        self.last = 0
-
-    @property
-    def length(self):
-        return self.used[self.last]
-
-    def append(self, layer, k, v):
-        a = self.used[layer]
-        b = min(a + k.shape[-2], self.k.shape[3])
-        self.k[layer, :, :, a:b] = k[..., :b - a, :]
-        self.v[layer, :, :, a:b] = v[..., :b - a, :]
-        self.used[layer] = b
-        self.last = layer
-        return self.read(layer)
-
-    def read(self, layer):
-        return self.k[layer, :, :, :self.used[layer]], self.v[layer, :, :, :self.used[layer]]
-
-    def truncate(self, n):
-        self.used = [min(u, n) for u in self.used]
+# replace:
+#         if stop > self.max_len:
+#             raise ValueError(f"cache holds at most {self.max_len} tokens; "
+#                              f"layer {layer} has {start} and {k.shape[-2]} more were appended")
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+# with:
+#         stop = min(stop, self.max_len)          # no error: the slice clips what does not fit
+#         self.k[layer, :, :, start:stop] = k[..., :stop - start, :]
+#         self.v[layer, :, :, start:stop] = v[..., :stop - start, :]
 
 
 # %% grade_id: KVCache | cheat: shows preallocated-looking buffers but keeps lists
@@ -151,16 +142,20 @@ from reference.kv_cache import KVCache  # noqa: F401
 
 # %% grade_id: decode_attention | wrong: forgets the 1/sqrt(D) scale
 # expect: not divided by sqrt(D)
-def decode_attention(q, k, v):
-    return (q @ k.transpose(-2, -1)).softmax(-1) @ v
+# replace:
+#     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+# with:
+#     scores = torch.matmul(q, k.transpose(-2, -1))
 
 
 # %% grade_id: decode_attention | wrong: reuses a causal mask built for a square matrix
 # expect: use no mask
-def decode_attention(q, k, v):
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    mask = torch.ones(s.shape[-2], s.shape[-1], dtype=torch.bool).triu(1)
-    return s.masked_fill(mask, float("-inf")).softmax(-1) @ v
+# replace:
+#     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+# with:
+#     scores = torch.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+#     mask = torch.ones(scores.shape[-2], scores.shape[-1], dtype=torch.bool).triu(1)
+#     scores = scores.masked_fill(mask, float("-inf"))
 
 
 # %% grade_id: decode_attention | cheat: reaches the forbidden fused kernel by a built name
@@ -180,40 +175,28 @@ def decode_attention(q, k, v):
 
 # %% grade_id: cached_generate | wrong: feeds the prompt one token at a time
 # expect: fed one token at a time
-def cached_generate(model, prompt_ids, n_new, cache):
-    out = []
-    logits = None
-    for t in prompt_ids:
-        logits = model(torch.tensor([[t]]), cache=cache)
-    for _ in range(n_new):
-        tok = int(logits[0, -1].argmax())
-        out.append(tok)
-        if len(out) < n_new:
-            logits = model(torch.tensor([[tok]]), cache=cache)
-    return out
+# replace:
+#         logits = model(torch.tensor([[int(t) for t in prompt_ids]], dtype=torch.long), cache=cache)
+# with:
+#         for t in prompt_ids:
+#             logits = model(torch.tensor([[int(t)]], dtype=torch.long), cache=cache)
 
 
 # %% grade_id: cached_generate | wrong: reads the first row of the prefill logits
 # expect: LAST row of the prefill logits
-def cached_generate(model, prompt_ids, n_new, cache):
-    tok = int(model(torch.tensor([list(prompt_ids)]), cache=cache)[0, 0].argmax())
-    out = [tok]
-    while len(out) < n_new:
-        tok = int(model(torch.tensor([[tok]]), cache=cache)[0, -1].argmax())
-        out.append(tok)
-    return out
+# replace:
+#         token = int(torch.argmax(logits[0, -1]))
+# with:
+#         token = int(torch.argmax(logits[0, 0]))
 
 
 # %% grade_id: cached_generate | wrong: runs one forward too many
 # expect: stop once n_new tokens are collected
-def cached_generate(model, prompt_ids, n_new, cache):
-    logits = model(torch.tensor([list(prompt_ids)]), cache=cache)
-    out = []
-    for _ in range(n_new):
-        tok = int(logits[0, -1].argmax())
-        out.append(tok)
-        logits = model(torch.tensor([[tok]]), cache=cache)
-    return out
+# replace:
+#             generated.append(token)
+# with:
+#             generated.append(token)
+#         model(torch.tensor([[token]], dtype=torch.long), cache=cache)   # one forward too many
 
 
 # %% grade_id: cached_generate | cheat: ignores the cache and re-runs the whole sequence

@@ -1,15 +1,16 @@
 """Known-wrong and cheating submissions for chapter 03 (see tests/test_selfcheck.py).
 
-Each section is the body of one solution cell; none may earn the exercise's full points.
+Each section is the body of one solution cell, written in full or, for a slip, as
+`# replace:` / `# with:` edits of the solution section (autograder/solutions/__init__.py);
+none may earn the exercise's full points.
 """
 
 # %% grade_id: kv_cache_bytes | wrong: forgets that K and V are two tensors
 # expect: the factor 2
-def kv_cache_bytes(layers, kv_heads, head_dim, tokens, batch=1, dtype="fp16"):
-    bits = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}
-    if dtype not in bits or min(layers, kv_heads, head_dim, tokens, batch) < 0:
-        raise ValueError("bad input")
-    return -(-layers * kv_heads * head_dim * tokens * batch * bits[dtype] // 8)
+# replace:
+#     elements = 2 * layers * kv_heads * head_dim * tokens * batch
+# with:
+#     elements = layers * kv_heads * head_dim * tokens * batch
 
 
 # %% grade_id: kv_cache_bytes | wrong: counts int4 as a whole byte and accepts anything
@@ -26,16 +27,18 @@ from reference.calculators.memory import kv_cache_bytes  # noqa: F401
 
 # %% grade_id: mla_kv_bytes | wrong: keeps the factor 2 of K and V
 # expect: no factor 2
-def mla_kv_bytes(layers, latent_dim, rope_dim, tokens, batch=1, dtype="fp16"):
-    bits = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}[dtype]
-    return 2 * layers * (latent_dim + rope_dim) * tokens * batch * bits // 8
+# replace:
+#     elements = layers * (latent_dim + rope_dim) * tokens * batch
+# with:
+#     elements = 2 * layers * (latent_dim + rope_dim) * tokens * batch
 
 
 # %% grade_id: mla_kv_bytes | wrong: forgets the decoupled RoPE key
 # expect: decoupled RoPE key
-def mla_kv_bytes(layers, latent_dim, rope_dim, tokens, batch=1, dtype="fp16"):
-    bits = {"fp32": 32, "fp16": 16, "bf16": 16, "fp8": 8, "int8": 8, "int4": 4}[dtype]
-    return layers * latent_dim * tokens * batch * bits // 8
+# replace:
+#     elements = layers * (latent_dim + rope_dim) * tokens * batch
+# with:
+#     elements = layers * latent_dim * tokens * batch
 
 
 # %% grade_id: mla_kv_bytes | cheat: reads the reference source by path and runs it
@@ -56,18 +59,18 @@ for _folder in (*map(pathlib.Path, filter(None, [__import__("os").environ.get("A
 
 # %% grade_id: max_concurrent_sequences | wrong: divides without rounding down
 # expect: whole number
-def max_concurrent_sequences(gpu_bytes, weight_bytes, per_token_bytes, tokens_per_seq, overhead_bytes=0):
-    if per_token_bytes <= 0 or tokens_per_seq <= 0:
-        raise ValueError("must be positive")
-    return max(gpu_bytes - weight_bytes - overhead_bytes, 0) / (per_token_bytes * tokens_per_seq)
+# replace:
+#     return max(free, 0) // (per_token_bytes * tokens_per_seq)
+# with:
+#     return max(free, 0) / (per_token_bytes * tokens_per_seq)
 
 
 # %% grade_id: max_concurrent_sequences | wrong: lets the count go negative when the weights do not fit
 # expect: not a negative count
-def max_concurrent_sequences(gpu_bytes, weight_bytes, per_token_bytes, tokens_per_seq, overhead_bytes=0):
-    if per_token_bytes <= 0 or tokens_per_seq <= 0:
-        raise ValueError("must be positive")
-    return (gpu_bytes - weight_bytes - overhead_bytes) // (per_token_bytes * tokens_per_seq)
+# replace:
+#     return max(free, 0) // (per_token_bytes * tokens_per_seq)
+# with:
+#     return free // (per_token_bytes * tokens_per_seq)
 
 
 # %% grade_id: max_concurrent_sequences | cheat: imports the autograder to find the expected values
@@ -102,15 +105,10 @@ def gqa_attention(q, k, v, causal=False):
 
 # %% grade_id: gqa_attention | wrong: causal mask anchored at the first key (query i sees keys 0..i)
 # expect: the LAST T positions
-def gqa_attention(q, k, v, causal=False):
-    B, Hq, T, D = q.shape
-    Hkv, S = k.shape[1], k.shape[2]
-    rows = q.reshape(B, Hkv, (Hq // Hkv) * T, D)
-    scores = rows @ k.transpose(-1, -2) / math.sqrt(D)
-    if causal:
-        allowed = torch.arange(S)[None, :] <= torch.arange(T)[:, None]
-        scores = scores.view(B, Hkv, Hq // Hkv, T, S).masked_fill(~allowed, float("-inf")).view_as(scores)
-    return (torch.softmax(scores, dim=-1) @ v).reshape(B, Hq, T, D)
+# replace:
+#         allowed = torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T)
+# with:
+#         allowed = torch.arange(S)[None, :] <= torch.arange(T)[:, None]
 
 
 # %% grade_id: gqa_attention | cheat: the fused kernel the exercise forbids, reached by a built name
@@ -129,28 +127,34 @@ from reference.attention import grouped_query_attention as gqa_attention  # noqa
 
 # %% grade_id: int8_quantize_kv | wrong: quantizes keys per token like values
 # expect: quantized per CHANNEL
-def int8_quantize_kv(k, v):
-    k_scale = k.abs().amax(dim=3, keepdim=True) / 127
-    v_scale = v.abs().amax(dim=3, keepdim=True) / 127
-    return ((k / k_scale).round().to(torch.int8), k_scale,
-            (v / v_scale).round().to(torch.int8), v_scale)
+# replace:
+#     k_scale = k.abs().amax(dim=2, keepdim=True) / 127
+# with:
+#     k_scale = k.abs().amax(dim=3, keepdim=True) / 127
 
 
 # %% grade_id: int8_quantize_kv | wrong: truncates instead of rounding
 # expect: Round to the nearest code
-def int8_quantize_kv(k, v):
-    k_scale = k.abs().amax(dim=2, keepdim=True) / 127
-    v_scale = v.abs().amax(dim=3, keepdim=True) / 127
-    return (k / k_scale).to(torch.int8), k_scale, (v / v_scale).to(torch.int8), v_scale
+# replace:
+#     k_codes = torch.round(k / k_scale).clamp(-127, 127).to(torch.int8)
+#     v_codes = torch.round(v / v_scale).clamp(-127, 127).to(torch.int8)
+# with:
+#     k_codes = (k / k_scale).clamp(-127, 127).to(torch.int8)
+#     v_codes = (v / v_scale).clamp(-127, 127).to(torch.int8)
 
 
 # %% grade_id: int8_quantize_kv | wrong: divides by 128
 # expect: divide by 127, not 128
-def int8_quantize_kv(k, v):
-    k_scale = k.abs().amax(dim=2, keepdim=True) / 128
-    v_scale = v.abs().amax(dim=3, keepdim=True) / 128
-    return ((k / k_scale).round().clamp(-128, 127).to(torch.int8), k_scale,
-            (v / v_scale).round().clamp(-128, 127).to(torch.int8), v_scale)
+# replace:
+#     k_scale = k.abs().amax(dim=2, keepdim=True) / 127
+#     v_scale = v.abs().amax(dim=3, keepdim=True) / 127
+#     k_codes = torch.round(k / k_scale).clamp(-127, 127).to(torch.int8)
+#     v_codes = torch.round(v / v_scale).clamp(-127, 127).to(torch.int8)
+# with:
+#     k_scale = k.abs().amax(dim=2, keepdim=True) / 128
+#     v_scale = v.abs().amax(dim=3, keepdim=True) / 128
+#     k_codes = torch.round(k / k_scale).clamp(-128, 127).to(torch.int8)
+#     v_codes = torch.round(v / v_scale).clamp(-128, 127).to(torch.int8)
 
 
 # %% grade_id: int8_quantize_kv | cheat: imports the reference quantizer

@@ -1,49 +1,36 @@
 """Known-wrong and cheating submissions for chapter 06 (see tests/test_selfcheck.py).
 
-Each section is the body of one solution cell; none may earn the exercise's full points.
+Each section is the body of one solution cell, written in full or, for a slip, as
+`# replace:` / `# with:` edits of the solution section (autograder/solutions/__init__.py);
+none may earn the exercise's full points.
 """
 
 # %% grade_id: online_softmax | wrong: no max subtraction (exp of the raw scores)
 # expect: subtract the (running) max
-def online_softmax(scores, tile):
-    if tile < 1:
-        raise ValueError("tile < 1")
-    m = torch.full(scores.shape[:-1], float("-inf"))
-    l = torch.zeros(scores.shape[:-1])
-    for start in range(0, scores.shape[-1], tile):
-        block = scores[..., start:start + tile]
-        m = torch.maximum(m, block.amax(-1))
-        l = l + torch.exp(block).sum(-1)
-    return torch.exp(scores) / l[..., None], m, l * torch.exp(-m)
+# replace:
+#         l = l * torch.exp(m - safe) + torch.exp(block - safe[..., None]).sum(dim=-1)
+#         m = m_new
+#     return torch.exp(scores - m[..., None]) / l[..., None], m, l
+# with:
+#         l = l + torch.exp(block).sum(dim=-1)                  # no max subtracted
+#         m = m_new
+#     return torch.exp(scores) / l[..., None], m, l * torch.exp(-m)
 
 
 # %% grade_id: online_softmax | wrong: does not rescale l when the max grows
 # expect: was not rescaled when the max grew
-def online_softmax(scores, tile):
-    if tile < 1:
-        raise ValueError("tile < 1")
-    m = torch.full(scores.shape[:-1], float("-inf"))
-    l = torch.zeros(scores.shape[:-1])
-    for start in range(0, scores.shape[-1], tile):
-        block = scores[..., start:start + tile]
-        m = torch.maximum(m, block.amax(-1))
-        l = l + torch.exp(block - m[..., None]).sum(-1)
-    return torch.exp(scores - m[..., None]) / l[..., None], m, l
+# replace:
+#         l = l * torch.exp(m - safe) + torch.exp(block - safe[..., None]).sum(dim=-1)
+# with:
+#         l = l + torch.exp(block - safe[..., None]).sum(dim=-1)
 
 
 # %% grade_id: online_softmax | wrong: no guard for a tile that is all -inf
 # expect: exp(-inf - (-inf)) is NaN
-def online_softmax(scores, tile):
-    if tile < 1:
-        raise ValueError("tile < 1")
-    m = torch.full(scores.shape[:-1], float("-inf"))
-    l = torch.zeros(scores.shape[:-1])
-    for start in range(0, scores.shape[-1], tile):
-        block = scores[..., start:start + tile]
-        m_new = torch.maximum(m, block.amax(-1))
-        l = l * torch.exp(m - m_new) + torch.exp(block - m_new[..., None]).sum(-1)
-        m = m_new
-    return torch.exp(scores - m[..., None]) / l[..., None], m, l
+# replace:
+#         safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # all -inf so far
+# with:
+#         safe = m_new
 
 
 # %% grade_id: online_softmax | cheat: torch.softmax through getattr, m and l from the row
@@ -67,26 +54,30 @@ def online_softmax(scores, tile):
 
 # %% grade_id: merge_softmax_states | wrong: adds the states without rescaling them
 # expect: measured from different maxima
-def merge_softmax_states(m1, l1, o1, m2, l2, o2):
-    return torch.maximum(m1, m2), l1 + l2, o1 + o2
+# replace:
+#     safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)   # both empty: -inf - -inf
+#     w1, w2 = torch.exp(m1 - safe), torch.exp(m2 - safe)
+#     return m, w1 * l1 + w2 * l2, w1[..., None] * o1 + w2[..., None] * o2
+# with:
+#     return m, l1 + l2, o1 + o2
 
 
 # %% grade_id: merge_softmax_states | wrong: no guard when both states are empty
 # expect: use 0 instead of -inf - (-inf)
-def merge_softmax_states(m1, l1, o1, m2, l2, o2):
-    m = torch.maximum(m1, m2)
-    w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
-    return m, w1 * l1 + w2 * l2, w1[..., None] * o1 + w2[..., None] * o2
+# replace:
+#     safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)   # both empty: -inf - -inf
+#     w1, w2 = torch.exp(m1 - safe), torch.exp(m2 - safe)
+# with:
+#     w1, w2 = torch.exp(m1 - m), torch.exp(m2 - m)
 
 
 # %% grade_id: merge_softmax_states | wrong: returns o normalised by l
 # expect: o stays UNnormalised
-def merge_softmax_states(m1, l1, o1, m2, l2, o2):
-    m = torch.maximum(m1, m2)
-    safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
-    w1, w2 = torch.exp(m1 - safe), torch.exp(m2 - safe)
-    l = w1 * l1 + w2 * l2
-    return m, l, (w1[..., None] * o1 + w2[..., None] * o2) / l[..., None]
+# replace:
+#     return m, w1 * l1 + w2 * l2, w1[..., None] * o1 + w2[..., None] * o2
+# with:
+#     l = w1 * l1 + w2 * l2
+#     return m, l, (w1[..., None] * o1 + w2[..., None] * o2) / l[..., None]
 
 
 # %% grade_id: merge_softmax_states | cheat: imports the reference merge
@@ -100,36 +91,18 @@ def merge_softmax_states(m1, l1, o1, m2, l2, o2):
 
 # %% grade_id: softmax_kernel | wrong: no max subtraction
 # expect: subtract the (running) max
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
-    """Row-wise softmax without the max: overflows (or underflows to 0/0) on large scores."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=cols < n_cols, other=float("-inf"))
-    p = tl.exp(x.to(tl.float32))
-    tl.store(out_ptr + row * out_row_stride + cols, (p / tl.sum(p, axis=0)).to(out_ptr.dtype.element_ty),
-             mask=cols < n_cols)
+# replace:
+#     p = tl.exp(x - tl.max(x, axis=0))
+# with:
+#     p = tl.exp(x)
 
 
 # %% grade_id: softmax_kernel | wrong: masks the tail with 0 instead of -inf
 # expect: were loaded as 0
-import triton
-import triton.language as tl
-
-
-@triton.jit
-def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
-    """Padding lanes loaded as 0: they enter the max and the sum."""
-    row = tl.program_id(0)
-    cols = tl.arange(0, BLOCK)
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=cols < n_cols, other=0.0).to(tl.float32)
-    p = tl.exp(x - tl.max(x, axis=0))
-    tl.store(out_ptr + row * out_row_stride + cols, (p / tl.sum(p, axis=0)).to(out_ptr.dtype.element_ty),
-             mask=cols < n_cols)
+# replace:
+#     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
+# with:
+#     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
 
 
 # %% grade_id: softmax_kernel | wrong: a Python loop over the elements of the row

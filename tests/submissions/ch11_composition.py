@@ -1,6 +1,8 @@
 """Known-wrong and cheating submissions for chapter 11 (see tests/test_selfcheck.py).
 
-Each section is the body of one solution cell; none may earn the exercise's full points.
+Each section is the body of one solution cell, written in full or, for a slip, as
+`# replace:` / `# with:` edits of the solution section (autograder/solutions/__init__.py);
+none may earn the exercise's full points.
 The `serve` variants carry their own helpers, so they are judged on their own batching.
 """
 
@@ -34,17 +36,18 @@ def batched_generate(model, prompts, n_new):
 
 # %% grade_id: shared_prefix_generate | wrong: recomputes the shared prefix in every row
 # expect: the prefix was computed for every row
-def shared_prefix_generate(model, prefix, suffixes, n_new):
-    batch = len(suffixes)
-    cache = model.new_cache(batch, len(prefix) + len(suffixes[0]) + n_new)
-    logits = model(torch.tensor([prefix + s for s in suffixes]), cache=cache)
-    tokens = logits[:, -1].argmax(-1)
-    replies = [[int(t)] for t in tokens]
-    for _ in range(n_new - 1):
-        tokens = model(tokens.view(batch, 1), cache=cache)[:, -1].argmax(-1)
-        for reply, t in zip(replies, tokens):
-            reply.append(int(t))
-    return replies
+# replace:
+#     shared = model.new_cache(1, len(prefix))
+# with:
+
+# replace:
+#         model(torch.tensor([prefix], dtype=torch.long), cache=shared)
+#         for layer in range(n_layers):
+#             k, v = shared.read(layer)
+#             cache.append(layer, k.expand(batch, -1, -1, -1), v.expand(batch, -1, -1, -1))
+#         logits = model(torch.tensor(suffixes, dtype=torch.long), cache=cache)
+# with:
+#         logits = model(torch.tensor([prefix + s for s in suffixes], dtype=torch.long), cache=cache)
 
 
 # %% grade_id: shared_prefix_generate | cheat: the prefix once, then each request alone at batch 1 (truncate back to the prefix)
@@ -130,23 +133,14 @@ def serve(model, requests, max_batch):
 
 # %% grade_id: lookup_generate | wrong: never rolls the cache back after a rejected draft
 # expect: the cache was never cut back
-def lookup_generate(model, prompt_ids, source, n_new, k, ngram=2):
-    cache = model.new_cache(1, len(prompt_ids) + n_new * (k + 1))
-    tokens = list(prompt_ids)
-    tokens.append(int(model(torch.tensor([tokens]), cache=cache)[0, -1].argmax()))
-    while len(tokens) - len(prompt_ids) < n_new:
-        needed = n_new - (len(tokens) - len(prompt_ids)) - 1
-        draft, tail = [], tokens[-ngram:]
-        for start in range(len(source) - ngram, -1, -1):
-            if source[start:start + ngram] == tail:
-                draft = source[start + ngram:start + ngram + min(k, needed)]
-                break
-        best = model(torch.tensor([[tokens[-1]] + draft]), cache=cache)[0].argmax(-1).tolist()
-        accepted = 0
-        while accepted < len(draft) and draft[accepted] == best[accepted]:
-            accepted += 1
-        tokens += draft[:accepted] + [best[accepted]]
-    return tokens[len(prompt_ids):]
+# replace:
+#     cache = model.new_cache(1, len(prompt_ids) + n_new)
+# with:
+#     cache = model.new_cache(1, len(prompt_ids) + n_new * (k + 1))
+
+# replace:
+#             cache.truncate(len(tokens) - 1)        # K/V of every token but the newest
+# with:
 
 
 # %% grade_id: lookup_generate | wrong: plain greedy decoding, no draft ever verified
@@ -161,23 +155,21 @@ def lookup_generate(model, prompt_ids, source, n_new, k, ngram=2):
 
 # %% grade_id: lookup_generate | cheat: verifies each draft without a cache, re-running the whole sequence (nothing to roll back)
 # expect: every call must go through one cache
-def lookup_generate(model, prompt_ids, source, n_new, k, ngram=2):
-    tokens = list(prompt_ids)
-    cache = model.new_cache(1, len(prompt_ids))
-    tokens.append(int(model(torch.tensor([tokens]), cache=cache)[0, -1].argmax()))
-    while len(tokens) - len(prompt_ids) < n_new:
-        needed = n_new - (len(tokens) - len(prompt_ids)) - 1
-        draft, tail = [], tokens[-ngram:]
-        for start in range(len(source) - ngram, -1, -1):
-            if source[start:start + ngram] == tail:
-                draft = source[start + ngram:start + ngram + min(k, needed)]
-                break
-        best = model(torch.tensor([tokens + draft]))[0, len(tokens) - 1:].argmax(-1).tolist()
-        accepted = 0
-        while accepted < len(draft) and draft[accepted] == best[accepted]:
-            accepted += 1
-        tokens += draft[:accepted] + [best[accepted]]
-    return tokens[len(prompt_ids):]
+# replace:
+#     cache = model.new_cache(1, len(prompt_ids) + n_new)
+# with:
+#     cache = model.new_cache(1, len(prompt_ids))
+
+# replace:
+#             logits = model(torch.tensor([[tokens[-1]] + draft], dtype=torch.long), cache=cache)
+#             best = logits[0].argmax(-1).tolist()   # the model's choice after each fed token
+# with:
+#             logits = model(torch.tensor([tokens + draft], dtype=torch.long))
+#             best = logits[0, len(tokens) - 1:].argmax(-1).tolist()
+
+# replace:
+#             cache.truncate(len(tokens) - 1)        # K/V of every token but the newest
+# with:
 
 
 # %% grade_id: lookup_generate | cheat: the reference greedy loop, imported under another name
