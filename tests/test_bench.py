@@ -115,3 +115,12 @@ def test_batch_benchmark_command_on_a_device_writes_its_provenance(tmp_path, cap
     assert ("gpu" in info and info["cuda"]) if device == "cuda" else "gpu" not in info
     assert [r["config"] for r in saved["rows"]][-1] == "ours: engine + prefix cache"
     assert "ours: engine" in capsys.readouterr().out
+
+
+def test_interleaved_medians_alternate_the_candidates_after_one_warm_up_each():
+    calls = []
+    medians = measure.interleaved_medians({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")}, 3)
+    assert calls == ["a", "b"] * 4  # the warm-up round, then three timed rounds in turn
+    assert set(medians) == {"a", "b"} and all(0 <= s < 1 for s in medians.values())
+    with pytest.raises(ValueError):
+        measure.interleaved_medians({"a": lambda: None}, 0)

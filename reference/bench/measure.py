@@ -37,26 +37,19 @@ def timed(fn: Callable[[], object], device: str | torch.device = "cpu") -> tuple
     return time.perf_counter() - start, result
 
 
-def interleaved(fns: dict[Hashable, Callable[[], object]], rounds: int, *, warmup: bool = True,
-                device: str | torch.device = "cpu") -> dict[Hashable, list[tuple[float, object]]]:
-    """Each fn's (seconds, result) for every round; a round calls every fn once, in turn."""
+def interleaved_medians(fns: dict[Hashable, Callable[[], object]], rounds: int, *, warmup: bool = True,
+                        device: str | torch.device = "cpu") -> dict[Hashable, float]:
+    """Median seconds of each fn over `rounds` rounds; a round calls every fn once, in turn."""
     if rounds < 1:
         raise ValueError(f"rounds must be >= 1, got {rounds}")
     if warmup:
         for fn in fns.values():
             timed(fn, device)
-    runs: dict[Hashable, list[tuple[float, object]]] = {name: [] for name in fns}
+    times: dict[Hashable, list[float]] = {name: [] for name in fns}
     for _ in range(rounds):
         for name, fn in fns.items():
-            runs[name].append(timed(fn, device))
-    return runs
-
-
-def interleaved_medians(fns: dict[Hashable, Callable[[], object]], rounds: int, *, warmup: bool = True,
-                        device: str | torch.device = "cpu") -> dict[Hashable, float]:
-    """Median seconds of each fn over `rounds` interleaved rounds (see `interleaved`)."""
-    runs = interleaved(fns, rounds, warmup=warmup, device=device)
-    return {name: statistics.median(s for s, _ in times) for name, times in runs.items()}
+            times[name].append(timed(fn, device)[0])
+    return {name: statistics.median(seconds) for name, seconds in times.items()}
 
 
 def median_seconds(fn: Callable[[], object], repeats: int = 3, *, budget: float = 0.0,
