@@ -101,6 +101,16 @@ def test_batch_benchmark_rows_on_the_tiny_model():
     assert "3 / 3" in format_table(rows, 3)
 
 
+def test_engine_profile_splits_the_wall_time_by_kind_of_work():
+    from reference.bench.batch import FAMILIES, format_profile, profile_engine
+    from reference.tokenizer import ByteTokenizer
+
+    split = profile_engine(build_tiny(0), ByteTokenizer(), [[1, 2, 3, 4, 5], [6, 7, 8]], 4)
+    assert list(split) == [*FAMILIES, "other operators", "outside operators"]
+    assert split["weight matmuls"] > 0 and split["attention (SDPA)"] > 0 and min(split.values()) >= 0
+    assert "weight matmuls" in format_profile(split) and "%" in format_profile(split)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 def test_batch_benchmark_command_on_a_device_writes_its_provenance(tmp_path, capsys, device):
     import json

@@ -1,7 +1,7 @@
 """`python -m reference.bench batch`: our engine against transformers' own batching, same requests.
 
     python -m reference.bench batch [--requests 16] [--tokens 48] [--seed 0] [--threads N]
-                                    [--model smollm2-135m|tiny] [--json PATH]
+                                    [--model smollm2-135m|tiny] [--json PATH] [--profile]
 
 Every request arrives at once and generates exactly `--tokens` greedy tokens (end-of-turn
 ignored), so each row does the same work. Rows, side by side in one process on the same float32
@@ -17,6 +17,9 @@ weights and threads:
 Columns: output tokens/s (all requests' tokens over the wall time of the call), the ratio to each
 HF row, and how many replies equal HF's sequential greedy reply token for token. For the tiny
 model, which transformers cannot load, the peer rows are our own batch-1 loop.
+
+`--profile` then serves the same requests once more through the engine (no prefix cache) under
+`torch.profiler` and prints where its wall time went, by kind of work (`FAMILIES`).
 """
 from __future__ import annotations
 
@@ -101,6 +104,39 @@ def measure(model, tokenizer, hf, prompts: list[list[int]], n: int, attention: s
     return rows
 
 
+# Kind of work -> operator names (torch.profiler keys) whose self time counts for it.
+FAMILIES = {
+    "weight matmuls": ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm"),
+    "attention (SDPA)": ("aten::_scaled_dot_product_flash_attention_for_cpu",
+                         "aten::_scaled_dot_product_efficient_attention", "aten::scaled_dot_product_attention"),
+    "K/V gather and store": ("aten::index_select", "aten::index_copy_", "aten::index", "aten::_index_put_impl_"),
+    "element-wise (norms, RoPE, SiLU, residuals)": (
+        "aten::mul", "aten::add", "aten::pow", "aten::sum", "aten::silu", "aten::rsqrt", "aten::flip",
+        "aten::where", "aten::_fused_rms_norm", "aten::cat", "aten::neg", "aten::fill_", "aten::copy_"),
+}
+
+
+def profile_engine(model, tokenizer, prompts: list[list[int]], n: int) -> dict[str, float]:
+    """Serve `prompts` once through the engine under torch.profiler: seconds by kind of work
+    (`FAMILIES`; the self time of each operator on the engine's thread), "other operators", and
+    "outside operators" (Python: scheduling, block tables, sampling), which sum to the wall time."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        seconds, _ = timed(lambda: ours_engine(model, tokenizer, prompts, n, False), model.device)
+    family_of = {name: family for family, names in FAMILIES.items() for name in names}
+    split = dict.fromkeys([*FAMILIES, "other operators"], 0.0)
+    for event in prof.key_averages():
+        split[family_of.get(event.key, "other operators")] += event.self_cpu_time_total / 1e6
+    split["outside operators"] = max(0.0, seconds - sum(split.values()))
+    return split
+
+
+def format_profile(split: dict[str, float]) -> str:
+    total = sum(split.values())
+    return "\n".join(f"{name:<44} {s:7.2f} s {s / total:6.1%}" for name, s in split.items())
+
+
 def format_table(rows: list[dict], n_requests: int) -> str:
     peers = list(rows[0]["ratios"])
     header = f"{'configuration':<32} {'tok/s':>7}" + "".join(f" {'vs ' + SHORT[p]:>12}" for p in peers) + \
@@ -125,6 +161,8 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N")
     parser.add_argument("--attention", default="torch", choices=["torch", "triton"], help="the engine's paged attention")
     parser.add_argument("--json", metavar="PATH", help="also write the rows and their provenance as JSON")
+    parser.add_argument("--profile", action="store_true",
+                        help="then profile one more engine run and print where its time went")
     args = parser.parse_args(argv)
     args.device = str(resolve_device(args.device))
     if args.requests < 1 or args.tokens < 1:
@@ -146,8 +184,13 @@ def main(argv: list[str]) -> None:
     print("\n" + format_table(rows, args.requests))
     print("\ntok/s = all requests' output tokens / wall time of the call; vs X = tok/s over row X's; "
           "same = replies equal to the first row's, token for token.")
+    split = None
+    if args.profile:
+        split = profile_engine(model, tokenizer, prompts, args.tokens)
+        print(f"\nwhere the engine's {sum(split.values()):.2f} s went (torch.profiler, self time per operator):\n"
+              + format_profile(split))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"provenance": info, "rows": [{k: v for k, v in r.items() if k != "replies"} for r in rows]},
-                      f, indent=1)
+            json.dump({"provenance": info, "rows": [{k: v for k, v in r.items() if k != "replies"} for r in rows],
+                       "engine_profile_seconds": split}, f, indent=1)
         print(f"wrote {args.json}")
