@@ -55,14 +55,17 @@ def import_dirs(exclude: list[str]) -> list[str]:
     """Every directory the worker imports from, as this (the grader's) interpreter sees them:
     the prefixes of the environment and of the interpreter beneath it (a venv's base), the
     standard library, site-packages of every kind (the environment's, user site, ``.pth``-added
-    and editable paths: all of ``sys.path``). Existing directories only, resolved, without those equal to,
+    and editable paths: all of ``sys.path``), and the directories that hold the targets of packages
+    installed there as symbolic links (Nix and some conda layouts do this; so do the test suite's
+    cheap environments). Existing directories only, resolved, without those equal to,
     inside or containing a directory of ``exclude`` (the grader's own packages stay hidden)."""
-    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix,
-                  *sys.path, *site.getsitepackages()]
+    searched = [*sys.path, *site.getsitepackages()]
     if site.ENABLE_USER_SITE:
-        candidates.append(site.getusersitepackages())
+        searched.append(site.getusersitepackages())
     paths = sysconfig.get_paths()
-    candidates += [paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")]
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *searched,
+                  *(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))]
+    candidates += [target for folder in searched for target in link_target_dirs(folder)]
     excluded = [Path(e).resolve() for e in exclude]
     found: list[str] = []
     for entry in candidates:
@@ -74,6 +77,17 @@ def import_dirs(exclude: list[str]) -> list[str]:
             continue
         found.append(str(path))
     return found
+
+
+def link_target_dirs(folder: str) -> list[str]:
+    """The directories holding what the symbolic links directly inside ``folder`` point to (a
+    package installed as a link is imported from there, so the sandbox must show that too)."""
+    try:
+        entries = [e for e in os.scandir(folder) if e.is_symlink()]
+    except OSError:
+        return []
+    targets = (Path(e.path).resolve() for e in entries)
+    return sorted({str(t.parent) for t in targets if t.exists()})
 
 
 def readable_dirs(dirs: list[str]) -> bool:

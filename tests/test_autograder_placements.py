@@ -153,3 +153,18 @@ def test_an_environment_the_sandbox_cannot_show_is_refused_with_exit_3(public_tm
     assert results["score"] == 0
     assert "does not work inside the sandbox" in results["output"], results["output"]
     assert "cannot import" in run.stderr and "--no-isolation" in run.stderr
+
+
+def test_packages_installed_as_links_are_shown_where_they_point(tmp_path):
+    # a site-packages whose entries are symbolic links (Nix, some conda layouts, placement.py's
+    # linked venvs): the sandbox must show the folders the links point into, not only the links
+    from autograder.isolation import link_target_dirs
+
+    store, site_dir = tmp_path / "store" / "pkgs", tmp_path / "site-packages"
+    (store / "mypkg").mkdir(parents=True)
+    site_dir.mkdir()
+    (site_dir / "mypkg").symlink_to(store / "mypkg")
+    (site_dir / "dangling").symlink_to(tmp_path / "nowhere")
+    (site_dir / "plain").mkdir()
+    assert link_target_dirs(str(site_dir)) == [str(store.resolve())]
+    assert link_target_dirs(str(tmp_path / "missing")) == []
