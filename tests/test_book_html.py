@@ -72,6 +72,11 @@ def test_page_shows_tables_as_tables_and_no_errors(page):
     assert "Traceback (most recent call last)" not in text, f"{page.name} shows a Python traceback"
     left = re.findall(r"\{glue:\w+\}`?[\w.:]*", text)
     assert not left, f"{page.name}: glue roles left unrendered: {left[:3]}"
+    assert 'class="output stderr' not in page.read_text(encoding="utf-8"), (
+        f"{page.name} shows a cell's stderr (a warning) to the reader: fix its cause or silence it narrowly")
+    zero = [p for p in parsed.paragraphs if "0.0e+00" in p]
+    assert not zero, (f"{page.name}: prose prints a zero difference as a number: {zero[0][:120]!r}; "
+                      "word it with reference.bench.prose.agreement_phrase")
 
 
 def test_the_checks_catch_what_they_look_for():

@@ -101,3 +101,24 @@ def test_verification_sentence_follows_the_pass_cost_and_the_clock(pass_ratio, s
     assert all(w in text for w in words), text
     with pytest.raises(ValueError):
         verification_sentence(1.0, 0.0, 2.0)
+
+
+def test_agreement_phrase_says_exactly_when_the_difference_is_zero():
+    from reference.bench.prose import agreement_phrase
+    assert agreement_phrase(0.0) == "exactly (bit for bit)"
+    assert agreement_phrase(-0.0, cause="float rounding") == "exactly (bit for bit)"
+    assert "e+00" not in agreement_phrase(0.0)
+
+
+def test_agreement_phrase_prints_a_nonzero_difference():
+    from reference.bench.prose import agreement_phrase
+    assert agreement_phrase(2.2e-16) == "to within 2.2e-16"
+    assert agreement_phrase(3.1e-7, cause="float rounding") == "to within 3.1e-07 (float rounding)"
+    with pytest.raises(ValueError):
+        agreement_phrase(float("nan"))
+
+
+def test_plural():
+    from reference.bench.prose import plural
+    assert plural(1, "thread") == "1 thread" and plural(2, "thread") == "2 threads"
+    assert plural(0, "split") == "0 splits"

@@ -134,3 +134,23 @@ def exercise_list(notebook: str | Path) -> str:
     if not items:
         raise ValueError(f"{notebook} has no nbgrader solution cells")
     return "\n".join(items)
+
+
+def agreement_phrase(difference: float, cause: str | None = None) -> str:
+    """How two results computed two ways agree, worded from their largest difference.
+
+    'exactly (bit for bit)' when the difference is 0, else 'to within 3.2e-16' (with
+    ' (cause)' appended when a `cause` such as 'float rounding' is given). A reader never sees
+    "to within 0.0e+00".
+    """
+    difference = abs(float(difference))
+    if difference != difference:
+        raise ValueError("the difference is NaN: the two results do not agree at all")
+    if difference == 0:
+        return "exactly (bit for bit)"
+    return f"to within {difference:.1e}" + (f" ({cause})" if cause else "")
+
+
+def plural(n: int, word: str, words: str | None = None) -> str:
+    """'1 thread', '2 threads' (`words` for an irregular plural)."""
+    return f"{n} {word if n == 1 else (words or word + 's')}"
