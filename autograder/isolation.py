@@ -59,13 +59,9 @@ def import_dirs(exclude: list[str]) -> list[str]:
     installed there as symbolic links (Nix and some conda layouts do this; so do the test suite's
     cheap environments). Existing directories only, resolved, without those equal to,
     inside or containing a directory of ``exclude`` (the grader's own packages stay hidden)."""
-    searched = [*sys.path, *site.getsitepackages()]
-    if site.ENABLE_USER_SITE:
-        searched.append(site.getusersitepackages())
     paths = sysconfig.get_paths()
-    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *searched,
-                  *(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib"))]
-    candidates += [target for folder in searched for target in link_target_dirs(folder)]
+    candidates = [sys.prefix, sys.base_prefix, sys.exec_prefix, sys.base_exec_prefix, *searched_dirs(),
+                  *(paths[k] for k in ("stdlib", "platstdlib", "purelib", "platlib")), *linked_dirs()]
     excluded = [Path(e).resolve() for e in exclude]
     found: list[str] = []
     for entry in candidates:
@@ -77,6 +73,19 @@ def import_dirs(exclude: list[str]) -> list[str]:
             continue
         found.append(str(path))
     return found
+
+
+def searched_dirs() -> list[str]:
+    """Where this interpreter looks packages up: ``sys.path`` and site-packages of every kind."""
+    searched = [*sys.path, *site.getsitepackages()]
+    if site.ENABLE_USER_SITE:
+        searched.append(site.getusersitepackages())
+    return searched
+
+
+def linked_dirs() -> list[str]:
+    """The folders that packages installed as symbolic links (in any searched folder) point into."""
+    return sorted({target for folder in searched_dirs() for target in link_target_dirs(folder)})
 
 
 def link_target_dirs(folder: str) -> list[str]:
@@ -112,10 +121,11 @@ def outermost(dirs: list[str]) -> list[str]:
 def hidden_dirs(hide: list[str], workdir: Path) -> list[str]:
     """Directories the worker must not see: ``hide`` plus the installed ``reference`` and
     ``autograder`` packages, keeping those that exist, do not contain what the worker needs
-    (Python, its working directory, the temp dir) and are not inside another one."""
+    (Python, packages it imports through links, its working directory, the temp dir) and are not
+    inside another one."""
     import reference
     needed = [Path(sys.prefix).resolve(), Path(os.__file__).resolve(), workdir,
-              Path(tempfile.gettempdir()).resolve()]
+              Path(tempfile.gettempdir()).resolve(), *(Path(d) for d in linked_dirs())]
     packages = [Path(reference.__file__).resolve().parent, Path(__file__).resolve().parent]
     chosen: list[Path] = []
     for d in sorted({Path(p) for p in hide} | set(packages), key=lambda p: len(p.parts)):
