@@ -62,7 +62,9 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 
 
 # %% grade_id: tiled_attention | cheat: the whole score matrix at once, normalised by hand, no tiles
-# expect: The whole [Nq, Nk] score matrix
+# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect: the whole score matrix is not allowed; work tile by tile
+# expect score: 0
 import math
 
 import torch
@@ -78,6 +80,51 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     p = torch.exp(s - m)
     l = p.sum(-1, keepdim=True)
     return p @ v / l, (m + torch.log(l)).squeeze(-1)
+
+
+# %% grade_id: tiled_attention | cheat: the whole score matrix at once in float32, normalised in place by hand (half the memory)
+# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    s = q.float() @ k.float().transpose(-1, -2)
+    s.mul_(1 / math.sqrt(q.shape[-1]))
+    if causal:
+        s.masked_fill_(torch.arange(n_k)[None, :] > torch.arange(n_q)[:, None] + n_k - n_q,
+                       float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    s.sub_(m).exp_()
+    l = s.sum(-1, keepdim=True)
+    return (s @ v.float() / l).to(q.dtype), (m + torch.log(l)).squeeze(-1).to(q.dtype)
+
+
+# %% grade_id: tiled_attention | cheat: query tiles only: each tile's whole rows of scores over all keys, normalised by hand
+# expect: or a query tile's whole rows of scores
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        s = q[:, :, i:i + block_q] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            rows = torch.arange(i, i + s.shape[2])[:, None] + n_k - n_q
+            s = s.masked_fill(torch.arange(n_k)[None, :] > rows, float("-inf"))
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        l = p.sum(-1, keepdim=True)
+        out[:, :, i:i + block_q] = p @ v / l
+        lse[:, :, i:i + block_q] = (m + torch.log(l)).squeeze(-1)
+    return out, lse
 
 
 # %% grade_id: tiled_attention | cheat: SDPA through an alias fetched by name
