@@ -27,7 +27,7 @@ from typing import Any, Callable, Iterable
 import pytest
 
 from autograder.errors import LearnerError, PrerequisiteFailed
-from autograder.forbid import forbidden_message, uses_in_source
+from autograder.forbid import detour_message, detours_in_source, forbidden_message, uses_in_source
 
 
 @dataclass
@@ -78,6 +78,9 @@ def static_check(learner: Any, entry: Exercise | None) -> None:
     used = uses_in_source(source, entry.forbid) if source and entry.forbid else []
     if used:
         raise LearnerError(forbidden_message(entry.grade_id, used))
+    detours = detours_in_source(source, entry.grade_id) if source and entry.forbid else []
+    if detours:
+        raise LearnerError(detour_message(entry.grade_id, detours))
 
 
 @dataclass

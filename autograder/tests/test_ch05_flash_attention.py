@@ -38,7 +38,8 @@ SOFTMAX_FORBIDDEN = [  # the softmax, and every one-line normaliser that does it
     "torch.logsumexp", "torch.special.logsumexp", "torch.Tensor.logsumexp",
     "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.special.log_softmax",
     "torch.Tensor.log_softmax", "torch._log_softmax",
-    "torch.nn.functional.scaled_dot_product_attention"]
+    "torch.nn.functional.scaled_dot_product_attention",
+    "torch.nn.attention.flex_attention.flex_attention"]
 
 
 def _attention64(q, k, v, visible=None):

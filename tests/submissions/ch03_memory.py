@@ -120,6 +120,20 @@ def gqa_attention(q, k, v, causal=False):
     return fused(q, k, v, attn_mask=mask, enable_gqa=True)
 
 
+# %% grade_id: gqa_attention | cheat: the fused math kernel with GQA, imported from torch's internals
+# expect: may not reach torch's internals
+_fused = torch._C._VariableFunctions._scaled_dot_product_attention_math
+
+
+def gqa_attention(q, k, v, causal=False):
+    T, S = q.shape[2], k.shape[2]
+    mask = None
+    if causal:
+        hidden = torch.arange(S)[None, :] > torch.arange(T)[:, None] + (S - T)
+        mask = torch.zeros(T, S, dtype=q.dtype).masked_fill(hidden, float("-inf"))
+    return _fused(q, k, v, attn_mask=mask, enable_gqa=True)[0]
+
+
 # %% grade_id: gqa_attention | cheat: imports the reference attention
 # expect: is not allowed
 from reference.attention import grouped_query_attention as gqa_attention  # noqa: F401

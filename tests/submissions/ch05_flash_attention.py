@@ -147,6 +147,53 @@ def _mask(q, k):
     n_q, n_k = q.shape[2], k.shape[2]
     return torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)
 
+# %% grade_id: tiled_attention | cheat: torch's own CPU flash kernel (tiled, returns the lse), fetched from torch.ops.aten by a built name
+# expect: may not reach torch's internals
+# expect score: 0
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    fused = getattr(torch.ops.aten, "_scaled_dot_" + "product_flash_attention_for_cpu")
+    n_q, n_k = q.shape[2], k.shape[2]
+    if causal and n_q != n_k:   # its causal mask is anchored at the first key: pad the queries
+        pad = q.new_zeros(q.shape[0], q.shape[1], n_k - n_q, q.shape[3])
+        out, lse = fused(torch.cat([pad, q], 2), k, v, is_causal=True)[:2]
+        return out[:, :, n_k - n_q:], lse[:, :, n_k - n_q:]
+    out, lse = fused(q, k, v, is_causal=causal)[:2]
+    return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: honest tiles, but each tile's log-sum-exp from torch._C._VariableFunctions (where the guard does not look)
+# expect: may not reach torch's internals
+# expect score: 0
+import math
+
+import torch
+from torch._C import _VariableFunctions as _vf
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        qt = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + qt.shape[2])[:, None] + n_k - n_q
+        run_lse = qt.new_full(qt.shape[:3], float("-inf"))
+        acc = torch.zeros_like(qt)
+        for j in range(0, n_k, block_k):
+            s = qt @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            new = _vf.logsumexp(torch.stack([run_lse, _vf.logsumexp(s, [-1])]), [0])
+            safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+            acc = acc * torch.exp(run_lse - safe)[..., None] \
+                + torch.exp(s - safe[..., None]) @ v[:, :, j:j + block_k]
+            run_lse = new
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc, run_lse
+    return out, lse
+
+
 # %% grade_id: tiled_attention | cheat: imports the reference implementation
 # expect: is not allowed
 from reference.kernels.torch_reference import tiled_attention as _tiled
