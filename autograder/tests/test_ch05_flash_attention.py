@@ -36,6 +36,7 @@ SOFTMAX_FORBIDDEN = [  # the softmax, and every one-line normaliser that does it
     "torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch.Tensor.softmax",
     "torch._softmax", "torch.nn.functional.softmin",
     "torch.logsumexp", "torch.special.logsumexp", "torch.Tensor.logsumexp",
+    "torch.logcumsumexp", "torch.Tensor.logcumsumexp",
     "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.special.log_softmax",
     "torch.Tensor.log_softmax", "torch._log_softmax",
     "torch.nn.functional.scaled_dot_product_attention",

@@ -164,13 +164,14 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     return out, lse
 
 
-# %% grade_id: tiled_attention | cheat: honest tiles, but each tile's log-sum-exp from torch._C._VariableFunctions (where the guard does not look)
-# expect: may not reach torch's internals
+# %% grade_id: tiled_attention | cheat: honest tiles, but each tile's log-sum-exp is the last entry of torch.logcumsumexp
+# expect: which this exercise forbids
 # expect score: 0
 import math
 
 import torch
-from torch._C import _VariableFunctions as _vf
+
+LSE = torch.logcumsumexp
 
 
 def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
@@ -185,7 +186,40 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
             s = qt @ k[:, :, j:j + block_k].transpose(-1, -2)
             if causal:
                 s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
-            new = _vf.logsumexp(torch.stack([run_lse, _vf.logsumexp(s, [-1])]), [0])
+            both = torch.stack([run_lse, LSE(s, -1)[..., -1]], -1)
+            new = LSE(both, -1)[..., -1]
+            safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+            acc = acc * torch.exp(run_lse - safe)[..., None] \
+                + torch.exp(s - safe[..., None]) @ v[:, :, j:j + block_k]
+            run_lse = new
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc, run_lse
+    return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: honest tiles, each tile's log-sum-exp from torch's private torch._logcumsumexp (which no guard wraps)
+# expect: may not reach torch's internals
+# expect score: 0
+import math
+
+import torch
+
+LSE = torch._logcumsumexp
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        qt = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + qt.shape[2])[:, None] + n_k - n_q
+        run_lse = qt.new_full(qt.shape[:3], float("-inf"))
+        acc = torch.zeros_like(qt)
+        for j in range(0, n_k, block_k):
+            s = qt @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            both = torch.stack([run_lse, LSE(s, -1)[..., -1]], -1)
+            new = LSE(both, -1)[..., -1]
             safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
             acc = acc * torch.exp(run_lse - safe)[..., None] \
                 + torch.exp(s - safe[..., None]) @ v[:, :, j:j + block_k]
