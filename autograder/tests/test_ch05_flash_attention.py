@@ -6,8 +6,12 @@ Expected values come from ``reference.kernels.torch_reference`` (plain attention
 produce (mask off by one, queries not aligned to the end, tail tile dropped, wrong K/V head) to
 name the slip. The kernel runs in the learner's process under ``TRITON_INTERPRET=1``; the grader
 owns its launcher, poisons every output and the spare rows and heads of its input buffers with NaN.
-Tiled means tiled: ``tiled_attention`` runs once on a float64 case whose whole score matrix is 5%
-larger than the sandbox's memory limit (``--memory-mb``), so only a tiled computation finishes;
+Tiled means tiled, a prerequisite (``PrerequisiteFailed``: without it the exercise scores 0):
+``tiled_attention`` is graded under a memory limit of its own (``TILED_MEMORY_MB``) and runs first
+on a float64 case, one query tile of all rows and 256-key tiles, whose whole score matrix is 5%
+larger than that limit even in float32, so neither the whole matrix nor a query tile's whole rows
+of scores fit and only a tiled computation finishes; softmax and the one-line normalisers
+(logsumexp, logcumsumexp, log_softmax, softmin, SDPA, flex_attention) are forbidden;
 the kernel cell must be Triton code (``autograder.kernel_rules``) with a reachable ``tl.dot`` and a
 loop stepping whole key tiles.
 """
