@@ -185,14 +185,16 @@ def _outside_kernels(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
-def detour_message(grade_id: str, names: list[str]) -> str:
+def detour_message(grade_id: str, names: list[str], forbidden: Iterable[str] = ()) -> str:
     """The report line for a cell that reaches around the forbidden names."""
     listed = ", ".join(f"`{n}`" for n in names)
-    return (f"your `{grade_id}` cell uses {listed}, which is forbidden in this exercise: where "
-            "functions are forbidden, a cell may not reach torch's internals (torch.ops, "
-            "torch._C, private torch._functions), where they live under other names, nor fetch attributes or modules by "
-            "computed names (getattr, vars, eval, sys.modules, importlib, dunder attributes); "
-            "call public torch functions by name and write the computation yourself")
+    which = ", ".join(f"`{n}`" for n in forbidden) or "some functions"
+    return (f"your `{grade_id}` cell uses {listed}, which is forbidden in this exercise: it "
+            f"forbids {which}, so its cell may not reach torch's internals (torch.ops, torch._C, "
+            "private torch._functions), where they live under other names, nor fetch "
+            "attributes or modules by computed names (getattr, vars, eval, sys.modules, "
+            "importlib, dunder attributes); call public torch functions by name and write the "
+            "computation yourself")
 
 
 def forbidden_message(grade_id: str, names: list[str]) -> str:

@@ -80,7 +80,7 @@ def static_check(learner: Any, entry: Exercise | None) -> None:
         raise LearnerError(forbidden_message(entry.grade_id, used))
     detours = detours_in_source(source, entry.grade_id) if source and entry.forbid else []
     if detours:
-        raise LearnerError(detour_message(entry.grade_id, detours))
+        raise LearnerError(detour_message(entry.grade_id, detours, entry.forbid))
 
 
 @dataclass
