@@ -13,6 +13,17 @@ class LearnerError(AssertionError):
     """
 
 
+class PrerequisiteFailed(AssertionError):
+    """Raised by a grader test when a submission does not follow the exercise's method (e.g. it
+    holds the whole score matrix where the exercise is to work tile by tile): the plugin then
+    scores every test of that exercise 0, those that passed saying why (``plugin.apply_gates``).
+    ``rule``: the method in a few words, repeated on those tests."""
+
+    def __init__(self, message: str, rule: str):
+        super().__init__(message)
+        self.rule = rule
+
+
 def _learner_frame(exc: BaseException) -> str:
     """``line N of cell `x`: code`` for the deepest frame in learner code, or ``""``."""
     frames = traceback.extract_tb(exc.__traceback__)

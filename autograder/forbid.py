@@ -56,6 +56,9 @@ class Guard:
                 setattr(owner, attr, wrapper)
                 self._patches.append((owner, attr, original))
                 continue
+            if getattr(owner, attr) is original and owner.__name__ not in SEARCHED:
+                setattr(owner, attr, wrapper)   # where it lives (torch.nn.attention.flex_attention)
+                self._patches.append((owner, attr, original))
             for module_name in SEARCHED:
                 module = importlib.import_module(module_name)
                 for attr, value in list(vars(module).items()):
@@ -115,6 +118,83 @@ def uses_in_source(source: str, names: Iterable[str]) -> list[str]:
                 strings.append(node.value)
     return [n for n in names if n.rsplit(".", 1)[-1] in words
             or any(n.rsplit(".", 1)[-1] in s for s in strings)]
+
+
+# What a cell of an exercise that forbids functions may not name: the places where torch keeps
+# the same computations under other names (torch.ops.aten, torch._C._VariableFunctions), and
+# the ways to fetch an attribute or a module by a name built at run time, around the static look.
+DETOURS = frozenset({
+    "ops", "_C", "_VF", "_VariableFunctions", "_ops", "_refs", "_prims", "_decomp", "library",
+    "getattr", "vars", "globals", "locals", "eval", "exec", "compile", "__import__",
+    "import_module", "attrgetter", "methodcaller", "unwrap", "getmembers", "modules"})
+DETOUR_MODULES = frozenset({"sys", "builtins", "importlib", "inspect", "ctypes", "gc", "operator"})
+ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__len__", "__call__", "__getitem__",
+                             "__setitem__", "__iter__", "__post_init__", "__repr__"})
+
+
+def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
+    """The names in ``source`` (a cell of an exercise that forbids functions) that reach around
+    the forbidden names: torch's internal namespaces and private functions (``torch.ops``,
+    ``torch._C``, ``torch._softmax``: any attribute or imported name with a leading underscore
+    but ``__init__`` and a few such), attribute or module look-ups by computed names
+    (``getattr``, ``vars``, ``eval``, ``sys.modules``, ``importlib``), ``__dict__``,
+    ``__wrapped__``, ``__import__``. In a kernel cell (``grade_id`` is a ``@triton.jit``
+    function) the jit bodies are left to ``autograder.kernel_rules``, checked at launch over the
+    whole cell. An unparsable cell gives []
+    (it fails to load anyway)."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    found: set[str] = set()
+    kernel = any(isinstance(n, ast.FunctionDef) and n.name == grade_id and _is_jit(n)
+                 for n in ast.walk(tree))
+    for node in (_outside_kernels(tree) if kernel else ast.walk(tree)):
+        words, private_ok = [], False
+        if isinstance(node, ast.Name):
+            words, private_ok = [node.id], True      # the cell's own helpers may be _private
+        elif isinstance(node, ast.Attribute):
+            words = [node.attr]
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) \
+                else [node.module or ""]
+            found.update(m for m in modules if m.split(".")[0] in DETOUR_MODULES)
+            words = [part for m in modules for part in m.split(".")[1:]]
+            words += [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
+            private_ok = not any(m.split(".")[0] == "torch" for m in modules)
+        for word in words:
+            private = word.startswith("_") and word not in ALLOWED_DUNDERS and not private_ok
+            if word in DETOURS or private or (word.startswith("__") and word not in ALLOWED_DUNDERS):
+                found.add(word)
+    return sorted(found)
+
+
+def _is_jit(node: ast.FunctionDef) -> bool:
+    return any("jit" in ast.unparse(d) for d in node.decorator_list)
+
+
+def _outside_kernels(tree: ast.AST):
+    """Every node of ``tree`` but those inside ``@triton.jit`` functions (which
+    ``autograder.kernel_rules`` governs, more strictly)."""
+    stack = [tree]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, ast.FunctionDef) and _is_jit(node):
+            continue
+        yield node
+        stack.extend(ast.iter_child_nodes(node))
+
+
+def detour_message(grade_id: str, names: list[str], forbidden: Iterable[str] = ()) -> str:
+    """The report line for a cell that reaches around the forbidden names."""
+    listed = ", ".join(f"`{n}`" for n in names)
+    which = ", ".join(f"`{n}`" for n in forbidden) or "some functions"
+    return (f"your `{grade_id}` cell uses {listed}, which is forbidden in this exercise: it "
+            f"forbids {which}, so its cell may not reach torch's internals (torch.ops, torch._C, "
+            "private torch._functions), where they live under other names, nor fetch "
+            "attributes or modules by computed names (getattr, vars, eval, sys.modules, "
+            "importlib, dunder attributes); call public torch functions by name and write the "
+            "computation yourself")
 
 
 def forbidden_message(grade_id: str, names: list[str]) -> str:

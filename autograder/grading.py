@@ -15,7 +15,7 @@ import pytest
 from autograder.errors import LearnerError
 from autograder.local import TESTS_DIR, load_graders
 from autograder.notebook import NotebookError, chapter_of, read_notebook, solution_cells
-from autograder.plugin import REGISTRY, Collector, TestOutcome
+from autograder.plugin import REGISTRY, Collector, TestOutcome, apply_gates
 from autograder.sandbox import SandboxLearner, SandboxUnavailable
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -97,7 +97,7 @@ def run_tests(tests: Path, learner, seed: int) -> list[TestOutcome]:
         status = pytest.main(args, plugins=[collector])
     if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or not collector.outcomes:
         raise RuntimeError(f"the grader {tests} did not run ({status!r}):\n{log.getvalue()[-3000:]}")
-    return collector.outcomes
+    return apply_gates(collector.outcomes)
 
 
 def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = None,

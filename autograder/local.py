@@ -19,7 +19,7 @@ import torch
 from torch.nn import functional as F
 from torch import Tensor
 
-from autograder.errors import LearnerError, describe
+from autograder.errors import LearnerError, PrerequisiteFailed, describe
 from autograder.forbid import Guard
 from autograder.kernel_rules import cell_problem
 from autograder.launching import launch
@@ -209,7 +209,7 @@ def check(obj: Any, seed: int | None = None) -> None:
     runs = [(test, suffix, kwargs) for test in exercise.tests.values()
             for suffix, kwargs in cases(test)]
     share = exercise.points / len(runs)
-    total, failures = 0.0, []
+    total, failures, gate = 0.0, [], None
     print(f"check({name}) — seed {seed}")
     for test, suffix, kwargs in runs:
         learner = LocalLearner(namespace, sources)
@@ -222,12 +222,18 @@ def check(obj: Any, seed: int | None = None) -> None:
                 message = f"skipped: {exc.msg} (a skipped test earns no points)"
             else:
                 message = failure_message(exc)
+            if isinstance(exc, PrerequisiteFailed) and gate is None:
+                gate = (label, exc.rule)
             failures.append(f"{label}: {message}")
             message = message.replace("\n", "\n      ")
             print(f"  ✗ {label:<40} 0/{share:g}\n      {message}")
         else:
             total += share
             print(f"  ✓ {label:<40} {share:g}/{share:g}")
+    if gate is not None and total:
+        print(f"  0 points for the tests that pass: {gate[1]} (see `{gate[0]}`; every test "
+              "needs it)")
+        total = 0.0
     print(f"  {total:g}/{exercise.points:g} points" + ("  — all tests pass!" if
           total == exercise.points else ""))
     if failures:

@@ -9,9 +9,12 @@ Grader tests are written as::
     def test_matches_reference(learner, seed): ...
 
 An exercise's points are split evenly over its tests (every case of a
-``pytest.mark.parametrize`` test counts as one test). ``forbid=["torch.nn.functional.x", ...]``
+``pytest.mark.parametrize`` test counts as one test). A test that raises
+``autograder.errors.PrerequisiteFailed`` (the method is not followed: right numbers by a way the
+exercise rules out) scores the whole exercise 0. ``forbid=["torch.nn.functional.x", ...]``
 names functions the learner's code must not call (refused at run time and flagged in the cell's
-source); ``timeout=S`` replaces the per-call time limit for this exercise (slow interpreters).
+source); ``timeout=S`` replaces the per-call time limit for this exercise (slow interpreters);
+``memory_mb=M`` lowers the sandbox's memory limit while this exercise is graded (a fresh worker).
 The verdict is computed here, in the grader process, from pytest's own reports; learner output
 is shown, never parsed. A test that skips itself scores 0 (shown as "skipped: ...").
 """
@@ -23,8 +26,8 @@ from typing import Any, Callable, Iterable
 
 import pytest
 
-from autograder.errors import LearnerError
-from autograder.forbid import forbidden_message, uses_in_source
+from autograder.errors import LearnerError, PrerequisiteFailed
+from autograder.forbid import detour_message, detours_in_source, forbidden_message, uses_in_source
 
 
 @dataclass
@@ -36,16 +39,19 @@ class Exercise:
     tests: dict[str, Callable] = field(default_factory=dict)
     forbid: tuple[str, ...] = ()
     timeout: float | None = None
+    memory_mb: int | None = None
 
 
 REGISTRY: dict[str, Exercise] = {}
 
 
 def exercise(grade_id: str, points: float = 1, *, forbid: Iterable[str] = (),
-             timeout: float | None = None) -> Callable[[Callable], Callable]:
+             timeout: float | None = None,
+             memory_mb: int | None = None) -> Callable[[Callable], Callable]:
     """Decorator: mark a grader test as part of exercise ``grade_id`` worth ``points`` in total
     (shared by all tests of that exercise) and register it in ``REGISTRY``. ``forbid`` (dotted
-    function names) and ``timeout`` (seconds per learner call) apply to the whole exercise."""
+    function names), ``timeout`` (seconds per learner call) and ``memory_mb`` (the sandbox's
+    memory limit, when below ``--memory-mb``) apply to the whole exercise."""
     def decorate(fn: Callable) -> Callable:
         entry = REGISTRY.setdefault(grade_id, Exercise(grade_id, points))
         if entry.points != points:
@@ -54,6 +60,8 @@ def exercise(grade_id: str, points: float = 1, *, forbid: Iterable[str] = (),
         entry.forbid = tuple(sorted(set(entry.forbid) | set(forbid)))
         if timeout is not None:
             entry.timeout = max(entry.timeout or 0.0, float(timeout))
+        if memory_mb is not None:
+            entry.memory_mb = min(entry.memory_mb or memory_mb, int(memory_mb))
         entry.tests[f"{fn.__code__.co_filename}::{fn.__name__}"] = fn
         return pytest.mark.exercise(grade_id, points=points)(fn)
     return decorate
@@ -70,6 +78,9 @@ def static_check(learner: Any, entry: Exercise | None) -> None:
     used = uses_in_source(source, entry.forbid) if source and entry.forbid else []
     if used:
         raise LearnerError(forbidden_message(entry.grade_id, used))
+    detours = detours_in_source(source, entry.grade_id) if source and entry.forbid else []
+    if detours:
+        raise LearnerError(detour_message(entry.grade_id, detours, entry.forbid))
 
 
 @dataclass
@@ -86,6 +97,24 @@ class TestOutcome:
     message: str = ""
     output: str = ""
     seconds: float = 0.0
+    prerequisite: str = ""   # failed with PrerequisiteFailed: its rule; the exercise scores 0
+
+
+def apply_gates(outcomes: list[TestOutcome]) -> list[TestOutcome]:
+    """Score 0 every test of an exercise one of whose tests failed with ``PrerequisiteFailed``;
+    a test that passed says so and why (the failed prerequisite's message comes with its test)."""
+    gates: dict[str, TestOutcome] = {}
+    for o in outcomes:
+        if o.prerequisite:
+            gates.setdefault(o.grade_id, o)
+    for o in outcomes:
+        gate = gates.get(o.grade_id)
+        if gate is None or o.prerequisite or o.score == 0:
+            continue
+        o.score, o.passed = 0.0, False
+        o.message = (f"passed, but 0 points: {gate.prerequisite} (see `{gate.name}`; every "
+                     f"test of `{o.grade_id}` needs it)")
+    return outcomes
 
 
 COLLECTOR = pytest.StashKey["Collector"]()
@@ -165,5 +194,7 @@ class Collector:
         self.outcomes.append(TestOutcome(
             name=item.name, grade_id=mark.args[0], max_score=share,
             score=share if passed else 0.0, passed=passed, message=message, output=output,
-            seconds=time.monotonic() - self._start))
+            seconds=time.monotonic() - self._start,
+            prerequisite=call.excinfo.value.rule if call.excinfo is not None
+            and call.excinfo.errisinstance(PrerequisiteFailed) else ""))
         return report

@@ -91,6 +91,7 @@ class SandboxLearner(GraderSideTrace):
         self.store = ReferenceStore()
         self.exercise = None
         self._proc: subprocess.Popen | None = None
+        self._worker_mb = memory_mb
         self._handles: set[int] = set()
         self._spawned = False
         self._output: list[str] = []
@@ -118,8 +119,18 @@ class SandboxLearner(GraderSideTrace):
 
     # -- what the grader tests see -----------------------------------------------------------
     def begin(self, exercise) -> None:
-        """The exercise graded from now on (its ``forbid`` list and ``timeout``)."""
+        """The exercise graded from now on (its ``forbid`` list, ``timeout`` and ``memory_mb``:
+        a running worker whose memory limit is not the exercise's is stopped, and the next call
+        starts one with the right limit, set before any learner code runs)."""
         self.exercise = exercise
+        if self._proc is not None and self._worker_mb != self.memory_limit_mb:
+            self._kill()
+
+    @property
+    def memory_limit_mb(self) -> int:
+        """The memory limit (MB) the learner's code runs under for the current exercise."""
+        wanted = getattr(self.exercise, "memory_mb", None)
+        return min(self.memory_mb, wanted) if wanted else self.memory_mb
 
     def cell_source(self, grade_id: str) -> str | None:
         return next((src for gid, src in self.cells if gid == grade_id), None)
@@ -137,7 +148,8 @@ class SandboxLearner(GraderSideTrace):
         hide = hidden_dirs(self.hide, self._workdir) if self.mode != "none" else []
         imports = import_dirs(exclude=hide + [str(PACKAGE_ROOT / "autograder"),
                                               str(PACKAGE_ROOT / "reference")])
-        config = {"in": worker_in, "out": worker_out, "memory_mb": self.memory_mb,
+        self._worker_mb = self.memory_limit_mb
+        config = {"in": worker_in, "out": worker_out, "memory_mb": self._worker_mb,
                   "memory_limit": "data" if cuda else "as", "lockdown": self.mode == "namespaces",
                   "hide": hide, "restore": outermost(imports),
                   "uid": self.uid, "keep_read": not readable_dirs(imports),

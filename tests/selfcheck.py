@@ -4,7 +4,8 @@ cheating submissions through the command-line autograder, then report per exerci
 Submissions are sections of ``tests/submissions/<chapter>.py`` (marker syntax in
 ``autograder/solutions/__init__.py``); a ``# expect: TEXT`` line in a section names a piece of
 the teaching message the grader must show for it. A section is full code, or a slip written
-as ``# replace:`` / ``# with:`` edits of the solution section, applied by ``variants``. The k-th section of a kind ("wrong", "cheat") of every
+as ``# replace:`` / ``# with:`` edits of the solution section, applied by ``variants``; ``# expect score: N`` says it must score exactly N points on its exercise
+(where the grader must withhold every point, not only some). The k-th section of a kind ("wrong", "cheat") of every
 exercise goes into notebook ``<kind>_<k>``; exercises without a k-th section keep their stub.
 The notebooks of all chapters sit in one folder that a single
 ``python -m autograder grade FOLDER --jobs 2`` grades (the CLI picks each notebook's chapter
@@ -48,6 +49,13 @@ def expectations(section: Section) -> list[str]:
     """Substrings that the grader's messages must contain for ``section`` (``# expect: ...``)."""
     return [line.split(":", 1)[1].strip() for line in section.source.splitlines()
             if line.startswith("# expect:")]
+
+
+def expected_score(section: Section) -> float | None:
+    """The points ``section`` must score on its exercise (``# expect score: N``), if it says."""
+    scores = [float(line.split(":", 1)[1]) for line in section.source.splitlines()
+              if line.startswith("# expect score:")]
+    return scores[0] if scores else None
 
 
 def variants(chapter: str) -> dict[str, dict[str, list[Section]]]:
@@ -126,11 +134,13 @@ def grade_chapters(chapters: list[str], workdir: Path, *, seed: int = 1234, time
 _CACHE: dict[str, dict[str, Graded]] = {}
 
 
-def graded_chapter(chapter: str, tmp_path_factory) -> dict[str, Graded]:
-    """Results for ``chapter``. The first request grades every chapter that has submissions
-    in one CLI run (so both self-check files share one run); later requests reuse it."""
+def graded_chapter(chapter: str, tmp_path_factory, selected=None) -> dict[str, Graded]:
+    """Results for ``chapter``. The first request grades, in one CLI run, every chapter in
+    ``selected`` (those the pytest run selected, e.g. ``-k ch05``; default: every chapter that
+    has submissions); later requests reuse it."""
     if chapter not in _CACHE:
-        chapters = sorted({p.stem for p in SUBMISSIONS.glob("ch[0-9][0-9]_*.py")} | {chapter})
+        every = {p.stem for p in SUBMISSIONS.glob("ch[0-9][0-9]_*.py")}
+        chapters = sorted((set(selected) & every if selected else every) | {chapter})
         _CACHE.update(grade_chapters(chapters, tmp_path_factory.mktemp("selfcheck")))
     return _CACHE[chapter]
 

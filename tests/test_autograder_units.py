@@ -228,6 +228,75 @@ def test_static_look_names_forbidden_functions_but_not_in_docstrings():
         assert uses_in_source(source, name) == name, source
 
 
+def test_the_static_look_refuses_the_ways_around_a_forbidden_name():
+    from autograder.forbid import detours_in_source
+    honest = ("import math\nimport torch\n\n\ndef _helper(x):\n    return x\n\n\n"
+              "def f(q):\n    return _helper(torch.exp(q - q.amax(-1, keepdim=True)))")
+    assert detours_in_source(honest, "f") == []
+    for source, word in (("f = torch.ops.aten._softmax", "ops"),
+                         ("f = getattr(torch, 'soft' + 'max')", "getattr"),
+                         ("f = torch._scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_flash_attention_for_cpu"),
+                         ("from torch._C import _VariableFunctions", "_C"),
+                         ("f = F.softmax.__wrapped__", "__wrapped__"),
+                         ("import importlib", "importlib"),
+                         ("f = vars(torch)['softmax']", "vars")):
+        assert word in detours_in_source(source, "f"), source
+    kernel = ("import triton\n\n\n@triton.jit\ndef k(x_ptr):\n    y = tl._private\n\n\n"
+              "z = torch.ops")
+    assert detours_in_source(kernel, "k") == ["ops"]        # jit bodies: kernel_rules' business
+    assert "_private" in detours_in_source(kernel, "other")  # not a kernel exercise: all of it
+
+
+def test_a_failed_prerequisite_scores_its_whole_exercise_zero(capsys):
+    from autograder.errors import PrerequisiteFailed
+    from autograder.local import check
+    from autograder.plugin import REGISTRY, TestOutcome, apply_gates, exercise
+
+    outcomes = [TestOutcome("t1", "a", 1, 1, True), TestOutcome("t2", "a", 1, 0, False, "x",
+                                                              prerequisite="work tile by tile"),
+                TestOutcome("t3", "a", 1, 0, False, "wrong"), TestOutcome("t4", "b", 1, 1, True)]
+    apply_gates(outcomes)
+    assert [o.score for o in outcomes] == [0, 0, 0, 1]
+    assert "work tile by tile" in outcomes[0].message and not outcomes[0].passed
+    assert outcomes[2].message == "wrong" and outcomes[3].passed
+
+    @exercise("gated_exercise", points=2)
+    def test_right_numbers(learner, seed):
+        pass
+
+    @exercise("gated_exercise", points=2)
+    def test_the_method(learner, seed):
+        raise PrerequisiteFailed("the whole matrix", rule="work tile by tile")
+
+    def gated_exercise():
+        return None
+    try:
+        with pytest.raises(AssertionError, match="the whole matrix"):
+            check(gated_exercise, seed=0)
+        out = capsys.readouterr().out
+        assert "0 points for the tests that pass: work tile by tile" in out and "0/2 points" in out
+    finally:
+        REGISTRY.pop("gated_exercise")
+
+
+def test_an_exercise_memory_limit_applies_while_it_is_graded():
+    from autograder.plugin import Exercise
+    from autograder.sandbox import SandboxLearner
+    cells = [("grab", "import torch\ndef grab(mb):\n    return float(torch.ones(mb * 2**18).sum())")]
+    learner = SandboxLearner(cells, timeout=30, memory_mb=4096)
+    try:
+        learner.begin(Exercise("grab", 1))
+        assert learner.memory_limit_mb == 4096 and learner.call("grab", 1200) == 1200 * 2**18
+        learner.begin(Exercise("grab", 1, memory_mb=1024))
+        assert learner.memory_limit_mb == 1024
+        with pytest.raises(AssertionError, match=r"memory limit \(1024 MB\)"):
+            learner.call("grab", 1200)
+        learner.begin(Exercise("grab", 1))      # the next exercise gets the whole limit back
+        assert learner.call("grab", 1200) == 1200 * 2**18
+    finally:
+        learner.close()
+
+
 def test_an_honest_model_forward_loop_passes_cached_generate(capsys):
     from autograder.local import base_namespace, check
     from autograder.solutions import load_solutions

@@ -22,8 +22,10 @@ def chapter(request):
 
 
 @pytest.fixture(scope="module")
-def graded(chapter, tmp_path_factory):
-    return selfcheck.graded_chapter(chapter, tmp_path_factory)
+def graded(chapter, tmp_path_factory, request):
+    selected = {item.callspec.params["chapter"] for item in request.session.items
+                if "chapter" in getattr(getattr(item, "callspec", None), "params", {})}
+    return selfcheck.graded_chapter(chapter, tmp_path_factory, selected)
 
 
 def test_every_chapter_with_exercises_has_submissions():
@@ -79,6 +81,10 @@ def test_known_wrong_and_cheating_submissions_lose_points(chapter, graded, kind)
         for gid, section in result.injected.items():
             score, best = result.points[gid]
             assert score < best, f"{name} `{gid}` ({section.label}) scored full marks {score}/{best}"
+            wanted = selfcheck.expected_score(section)
+            assert wanted is None or abs(score - wanted) < 1e-6, (
+                f"{name} `{gid}` ({section.label}) scored {score:g}/{best:g}, not {wanted:g}:\n"
+                + "\n".join(result.messages(gid)))
             messages = result.messages(gid)
             for text in selfcheck.expectations(section):
                 assert any(text in m for m in messages), (

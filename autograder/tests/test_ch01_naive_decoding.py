@@ -12,6 +12,7 @@ import math
 import torch
 from torch.nn import functional as F
 
+from autograder.errors import PrerequisiteFailed
 from autograder.feedback import assert_close, assert_equal, assert_equal_tokens
 from autograder.inputs import generator, qkv, randint
 from autograder.plugin import exercise
@@ -21,7 +22,8 @@ from reference.model import build_tiny
 
 VOCAB = 256  # the tiny model's vocabulary (byte tokenizer)
 FORBIDDEN_ATTENTION = ["torch.nn.functional.scaled_dot_product_attention",
-                       "torch.nn.functional.multi_head_attention_forward"]
+                       "torch.nn.functional.multi_head_attention_forward",
+                       "torch.nn.attention.flex_attention.flex_attention"]
 
 
 # --------------------------------------------------------------------------- naive_work
@@ -268,9 +270,11 @@ def test_naive_generate_reruns_the_whole_sequence(learner, seed):
         _check_generate_tokens(learner, seed, prompt, n_new, got)
         return
     if any(cached for _, cached in trace):
-        raise AssertionError(
+        raise PrerequisiteFailed(
             "the model was given a KV cache. This exercise is the loop *without* a cache: call "
-            "model(torch.tensor([ids])) on the whole sequence each step (the cache is chapter 2).")
+            "model(torch.tensor([ids])) on the whole sequence each step (the cache is chapter 2). "
+            "The exercise scores 0 until no forward uses a cache",
+            rule="no KV cache in the naive loop: re-run the whole sequence every step")
     if len(trace) != n_new:
         raise AssertionError(
             f"{n_new} new tokens took {len(trace)} model calls; the naive loop makes exactly one "

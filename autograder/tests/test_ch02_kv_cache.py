@@ -19,7 +19,8 @@ from reference.model import build_tiny
 
 VOCAB = 256  # the tiny model's vocabulary
 FORBIDDEN_ATTENTION = ["torch.nn.functional.scaled_dot_product_attention",
-                       "torch.nn.functional.multi_head_attention_forward"]
+                       "torch.nn.functional.multi_head_attention_forward",
+                       "torch.nn.attention.flex_attention.flex_attention"]
 
 
 def _close(a, b, tol=1e-6) -> bool:

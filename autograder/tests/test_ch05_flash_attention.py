@@ -6,8 +6,12 @@ Expected values come from ``reference.kernels.torch_reference`` (plain attention
 produce (mask off by one, queries not aligned to the end, tail tile dropped, wrong K/V head) to
 name the slip. The kernel runs in the learner's process under ``TRITON_INTERPRET=1``; the grader
 owns its launcher, poisons every output and the spare rows and heads of its input buffers with NaN.
-Tiled means tiled: ``tiled_attention`` runs once on a float64 case whose whole score matrix is 5%
-larger than the sandbox's memory limit (``--memory-mb``), so only a tiled computation finishes;
+Tiled means tiled, a prerequisite (``PrerequisiteFailed``: without it the exercise scores 0):
+``tiled_attention`` is graded under a memory limit of its own (``TILED_MEMORY_MB``) and runs first
+on a float64 case, one query tile of all rows and 128-key tiles, whose whole score matrix is 5%
+larger than that limit even in float32, so neither the whole matrix nor a query tile's whole rows
+of scores fit and only a tiled computation finishes; softmax and the one-line normalisers
+(logsumexp, logcumsumexp, log_softmax, softmin, SDPA, flex_attention) are forbidden;
 the kernel cell must be Triton code (``autograder.kernel_rules``) with a reachable ``tl.dot`` and a
 loop stepping whole key tiles.
 """
@@ -19,7 +23,7 @@ import math
 import pytest
 import torch
 
-from autograder.errors import LearnerError
+from autograder.errors import LearnerError, PrerequisiteFailed
 from autograder.feedback import assert_close, assert_equal
 from autograder.inputs import generator, randint
 from autograder.kernel_rules import (
@@ -36,9 +40,11 @@ SOFTMAX_FORBIDDEN = [  # the softmax, and every one-line normaliser that does it
     "torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch.Tensor.softmax",
     "torch._softmax", "torch.nn.functional.softmin",
     "torch.logsumexp", "torch.special.logsumexp", "torch.Tensor.logsumexp",
+    "torch.logcumsumexp", "torch.Tensor.logcumsumexp",
     "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.special.log_softmax",
     "torch.Tensor.log_softmax", "torch._log_softmax",
-    "torch.nn.functional.scaled_dot_product_attention"]
+    "torch.nn.functional.scaled_dot_product_attention",
+    "torch.nn.attention.flex_attention.flex_attention"]
 
 
 def _attention64(q, k, v, visible=None):
@@ -136,53 +142,35 @@ def _tiled_case(gen, causal, magnitude=1.0):
     return q * magnitude, k, v, randint(gen, 3, 20), randint(gen, 3, 20)
 
 
-@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
-def test_tiled_attention_matches_attention(learner, seed):
-    gen = generator(seed)
-    for _ in range(4):
-        _check_tiled(learner, *_tiled_case(gen, causal=False), causal=False, what="")
-    q, k, v, _, _ = _tiled_case(gen, causal=False)
-    _check_tiled(learner, q, k, v, q.shape[2] + 5, 1, causal=False, what="(one query tile, 1-key tiles)")
-
-
-@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
-def test_tiled_attention_causal(learner, seed):
-    gen = generator(seed + 1)
-    for _ in range(4):
-        _check_tiled(learner, *_tiled_case(gen, causal=True), causal=True, what="")
-    q, k, v = (torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64).float() for n in (1, 37, 37))
-    _check_tiled(learner, q, k, v, 4, 8, causal=True, what="(one decode query)")
-
-
-@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
-def test_tiled_attention_large_scores(learner, seed):
-    gen = generator(seed + 2)
-    for causal in (False, True):
-        q, k, v, bq, bk = _tiled_case(gen, causal=causal, magnitude=60.0)
-        _check_tiled(learner, q, k, v, bq, bk, causal=causal, what="with scores in the hundreds")
-
-
 LARGE_KEYS = 32768     # keys of the case too large to hold as one score matrix
+LARGE_BLOCK_K = 128    # its key tiles (the fastest tested); its query tile is all of its queries
 CHECKED_ROWS = 48      # query rows of that case compared with float64 attention
+TILED_MEMORY_MB = 2048  # the sandbox's memory limit (MB) while tiled_attention is graded
 
 
 def _large_case_queries(learner) -> int:
-    """Query rows of the large case: enough that the [Nq, Nk] float64 score matrix exceeds the
-    sandbox's memory limit by 5%, so only a tiled computation finishes; 64 where the learner runs
-    without a limit (``check()`` in a notebook)."""
-    memory_mb = getattr(learner, "memory_mb", None)
+    """Query rows of the large case: enough that its [Nq, Nk] score matrix exceeds the sandbox's
+    memory limit by 5% even in float32 (10% in float64, the case's dtype), so only a tiled
+    computation finishes, whatever the worker already uses; 64 where the learner runs without a
+    limit (``check()`` in a notebook)."""
+    memory_mb = getattr(learner, "memory_limit_mb", None)
     if not memory_mb:
         return 64
-    return int(memory_mb * 2**20 * 1.05 / (8 * LARGE_KEYS)) + 1
+    return int(memory_mb * 2**20 * 1.05 / (4 * LARGE_KEYS)) + 1
 
 
-@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60)
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,
+          memory_mb=TILED_MEMORY_MB)
 def test_tiled_attention_never_holds_the_whole_score_matrix(learner, seed):
+    """The prerequisite of the exercise (``PrerequisiteFailed``: every test scores 0 without it):
+    one query tile of all Nq rows and key tiles of 128, float64, where the whole [Nq, Nk] score
+    matrix, in float64 or float32, does not fit in the memory limit, and neither does one query
+    tile's whole rows of scores; the [Nq, 128] tiles do."""
     gen = generator(seed + 3)
     n_q, dim = _large_case_queries(learner), 8
     q = torch.randn(1, 1, n_q, dim, generator=gen, dtype=torch.float64)
     k, v = (torch.randn(1, 1, LARGE_KEYS, dim, generator=gen, dtype=torch.float64) for _ in "kv")
-    block_q, block_k = 1024, 2048
+    block_q, block_k = n_q, LARGE_BLOCK_K
     call = (f"tiled_attention(q [1, 1, {n_q}, {dim}], k/v [1, 1, {LARGE_KEYS}, {dim}] float64, "
             f"block_q={block_q}, block_k={block_k})")
     try:
@@ -190,10 +178,14 @@ def test_tiled_attention_never_holds_the_whole_score_matrix(learner, seed):
     except LearnerError as exc:
         if "memory" not in str(exc):
             raise
-        raise AssertionError(
-            f"{call}: {exc}. The whole [Nq, Nk] score matrix ({n_q * LARGE_KEYS * 8 / 2**30:.1f} "
-            f"GiB here) is what tiling avoids: hold one [block_q, block_k] tile of scores at a "
-            "time, with the running max, sum and output per row") from None
+        whole = n_q * LARGE_KEYS * 8 / 2**30
+        raise PrerequisiteFailed(
+            f"{call}: {exc}. Not allowed: the whole [Nq, Nk] score matrix ({whole:.1f} GiB here "
+            f"in float64, {whole / 2:.1f} GiB in float32), or a query tile's whole rows of "
+            "scores over all Nk keys; work tile by tile: hold one [block_q, block_k] tile of "
+            "scores at a time, with the running max, sum and output per row. The exercise "
+            "scores 0 until this case runs within the memory limit",
+            rule="the whole score matrix is not allowed; work tile by tile") from None
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AssertionError(f"{call} returned {type(result).__name__}; return the pair (out, lse)")
     rows = torch.randperm(n_q, generator=gen)[:CHECKED_ROWS]
@@ -207,6 +199,35 @@ def test_tiled_attention_never_holds_the_whole_score_matrix(learner, seed):
     assert_close(out[:, :, rows], expected, name=f"out of {call} (rows {rows[:4].tolist()}...)",
                  rtol=2e-4, atol=2e-5)
     assert_close(lse[:, :, rows], expected_lse, name=f"lse of {call}", rtol=2e-4, atol=2e-5)
+
+
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,
+          memory_mb=TILED_MEMORY_MB)
+def test_tiled_attention_matches_attention(learner, seed):
+    gen = generator(seed)
+    for _ in range(4):
+        _check_tiled(learner, *_tiled_case(gen, causal=False), causal=False, what="")
+    q, k, v, _, _ = _tiled_case(gen, causal=False)
+    _check_tiled(learner, q, k, v, q.shape[2] + 5, 1, causal=False, what="(one query tile, 1-key tiles)")
+
+
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,
+          memory_mb=TILED_MEMORY_MB)
+def test_tiled_attention_causal(learner, seed):
+    gen = generator(seed + 1)
+    for _ in range(4):
+        _check_tiled(learner, *_tiled_case(gen, causal=True), causal=True, what="")
+    q, k, v = (torch.randn(1, 2, n, 16, generator=gen, dtype=torch.float64).float() for n in (1, 37, 37))
+    _check_tiled(learner, q, k, v, 4, 8, causal=True, what="(one decode query)")
+
+
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,
+          memory_mb=TILED_MEMORY_MB)
+def test_tiled_attention_large_scores(learner, seed):
+    gen = generator(seed + 2)
+    for causal in (False, True):
+        q, k, v, bq, bk = _tiled_case(gen, causal=causal, magnitude=60.0)
+        _check_tiled(learner, q, k, v, bq, bk, causal=causal, what="with scores in the hundreds")
 
 
 # -------------------------------------------------------------- flash_attention_fwd_kernel

@@ -28,7 +28,8 @@ from reference.calculators.flash_versions import GPU_GENERATIONS, HEAD_DIMS, pic
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 FORBIDDEN = ["torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
-             "torch.nn.functional.scaled_dot_product_attention", "torch.Tensor.softmax"]
+             "torch.nn.functional.scaled_dot_product_attention", "torch.Tensor.softmax",
+             "torch.nn.attention.flex_attention.flex_attention"]
 BLOCK_N = 16            # keys per tile in the grader's launch of decode_partial_kernel
 
 

@@ -32,7 +32,8 @@ from reference.calculators.fragmentation import WALKTHROUGH, WALKTHROUGH_BLOCK_S
 from reference.paging import BlockManager, OutOfBlocks
 
 FORBIDDEN = ["torch.nn.functional.scaled_dot_product_attention",
-             "torch.nn.functional.multi_head_attention_forward"]
+             "torch.nn.functional.multi_head_attention_forward",
+             "torch.nn.attention.flex_attention.flex_attention"]
 
 
 # ------------------------------------------------------------------------------ PagedKVCache

@@ -74,6 +74,14 @@ def causal_attention(q, k, v):
     return F.scaled_dot_product_attention(q, k, v, is_causal=True)
 
 
+# %% grade_id: causal_attention | cheat: the fused math kernel of torch.ops.aten, fetched by a built name
+# expect: may not reach torch's internals
+# expect score: 0
+def causal_attention(q, k, v):
+    fused = getattr(torch.ops.aten, "_scaled_dot_" + "product_attention_math")
+    return fused(q, k, v, is_causal=True)[0]
+
+
 # %% grade_id: causal_attention | cheat: returns a tensor of the right shape
 # expect: is not close to the expected values
 def causal_attention(q, k, v):
@@ -109,6 +117,8 @@ def naive_generate(model, prompt_ids, n_new):
 
 # %% grade_id: naive_generate | cheat: uses a cache of its own to go faster
 # expect: the model was given a KV cache
+# expect: no KV cache in the naive loop
+# expect score: 0
 def naive_generate(model, prompt_ids, n_new):
     cache = model.new_cache(batch=1)
     tok = int(model(torch.tensor([list(prompt_ids)]), cache=cache)[0, -1].argmax())

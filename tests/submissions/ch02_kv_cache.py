@@ -167,6 +167,12 @@ def decode_attention(q, k, v):
     return _fused(q, k, v)
 
 
+# %% grade_id: decode_attention | cheat: the fused math kernel under its torch.ops.aten name
+# expect: may not reach torch's internals
+def decode_attention(q, k, v):
+    return torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]
+
+
 # %% grade_id: decode_attention | cheat: returns the newest value vector
 # expect: one of its inputs
 def decode_attention(q, k, v):

@@ -103,6 +103,18 @@ def gqa_attention(q, k, v, causal=False):
     return scores.softmax(-1) @ v
 
 
+# %% grade_id: gqa_attention | wrong: copies K, then V, per query head, one at a time (each copy freed before the next)
+# expect: copied once per query head
+def gqa_attention(q, k, v, causal=False):
+    group = q.shape[1] // k.shape[1]
+    scores = q @ k.repeat_interleave(group, dim=1).transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        T, S = q.shape[2], k.shape[2]
+        scores = scores.masked_fill(torch.arange(S)[None] > torch.arange(T)[:, None] + S - T, float("-inf"))
+    weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+    return (weights / weights.sum(-1, keepdim=True)) @ v.repeat_interleave(group, dim=1)
+
+
 # %% grade_id: gqa_attention | wrong: causal mask anchored at the first key (query i sees keys 0..i)
 # expect: the LAST T positions
 # replace:
@@ -118,6 +130,20 @@ def gqa_attention(q, k, v, causal=False):
     T, S = q.shape[2], k.shape[2]
     mask = torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T) if causal else None
     return fused(q, k, v, attn_mask=mask, enable_gqa=True)
+
+
+# %% grade_id: gqa_attention | cheat: the fused math kernel with GQA, imported from torch's internals
+# expect: may not reach torch's internals
+_fused = torch._C._VariableFunctions._scaled_dot_product_attention_math
+
+
+def gqa_attention(q, k, v, causal=False):
+    T, S = q.shape[2], k.shape[2]
+    mask = None
+    if causal:
+        hidden = torch.arange(S)[None, :] > torch.arange(T)[:, None] + (S - T)
+        mask = torch.zeros(T, S, dtype=q.dtype).masked_fill(hidden, float("-inf"))
+    return _fused(q, k, v, attn_mask=mask, enable_gqa=True)[0]
 
 
 # %% grade_id: gqa_attention | cheat: imports the reference attention

@@ -45,6 +45,8 @@ from reference.calculators.roofline import standard_attention_traffic  # noqa: F
 
 
 # %% grade_id: standard_attention_traffic | cheat: returns the book's 132 MiB example for any input
+# expect: returned the book example's answer again
+# expect score: 0
 # expect: eight legs: load Q, load K
 def standard_attention_traffic(n, d, dtype):
     row, square = 2**20, 32 * 2**20
@@ -176,6 +178,8 @@ def attainable_flops(intensity, peak_flops, bandwidth):
 
 
 # %% grade_id: decode_floor_seconds | cheat: returns the book's 70 ms for any model
+# expect: returned the book example's answer again
+# expect score: 0
 # expect: floor = (n_params x bytes per weight + kv_bytes) / bandwidth
 def decode_floor_seconds(n_params, dtype, bandwidth, kv_bytes=0):
     return 0.07

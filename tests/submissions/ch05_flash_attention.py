@@ -62,7 +62,9 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 
 
 # %% grade_id: tiled_attention | cheat: the whole score matrix at once, normalised by hand, no tiles
-# expect: The whole [Nq, Nk] score matrix
+# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect: the whole score matrix is not allowed; work tile by tile
+# expect score: 0
 import math
 
 import torch
@@ -78,6 +80,51 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     p = torch.exp(s - m)
     l = p.sum(-1, keepdim=True)
     return p @ v / l, (m + torch.log(l)).squeeze(-1)
+
+
+# %% grade_id: tiled_attention | cheat: the whole score matrix at once in float32, normalised in place by hand (half the memory)
+# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    s = q.float() @ k.float().transpose(-1, -2)
+    s.mul_(1 / math.sqrt(q.shape[-1]))
+    if causal:
+        s.masked_fill_(torch.arange(n_k)[None, :] > torch.arange(n_q)[:, None] + n_k - n_q,
+                       float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    s.sub_(m).exp_()
+    l = s.sum(-1, keepdim=True)
+    return (s @ v.float() / l).to(q.dtype), (m + torch.log(l)).squeeze(-1).to(q.dtype)
+
+
+# %% grade_id: tiled_attention | cheat: query tiles only: each tile's whole rows of scores over all keys, normalised by hand
+# expect: or a query tile's whole rows of scores
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        s = q[:, :, i:i + block_q] @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            rows = torch.arange(i, i + s.shape[2])[:, None] + n_k - n_q
+            s = s.masked_fill(torch.arange(n_k)[None, :] > rows, float("-inf"))
+        m = s.amax(-1, keepdim=True)
+        p = torch.exp(s - m)
+        l = p.sum(-1, keepdim=True)
+        out[:, :, i:i + block_q] = p @ v / l
+        lse[:, :, i:i + block_q] = (m + torch.log(l)).squeeze(-1)
+    return out, lse
 
 
 # %% grade_id: tiled_attention | cheat: SDPA through an alias fetched by name
@@ -99,6 +146,87 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 def _mask(q, k):
     n_q, n_k = q.shape[2], k.shape[2]
     return torch.arange(n_k)[None, :] <= torch.arange(n_q)[:, None] + (n_k - n_q)
+
+# %% grade_id: tiled_attention | cheat: torch's own CPU flash kernel (tiled, returns the lse), fetched from torch.ops.aten by a built name
+# expect: may not reach torch's internals
+# expect score: 0
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    fused = getattr(torch.ops.aten, "_scaled_dot_" + "product_flash_attention_for_cpu")
+    n_q, n_k = q.shape[2], k.shape[2]
+    if causal and n_q != n_k:   # its causal mask is anchored at the first key: pad the queries
+        pad = q.new_zeros(q.shape[0], q.shape[1], n_k - n_q, q.shape[3])
+        out, lse = fused(torch.cat([pad, q], 2), k, v, is_causal=True)[:2]
+        return out[:, :, n_k - n_q:], lse[:, :, n_k - n_q:]
+    out, lse = fused(q, k, v, is_causal=causal)[:2]
+    return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: honest tiles, but each tile's log-sum-exp is the last entry of torch.logcumsumexp
+# expect: which this exercise forbids
+# expect score: 0
+import math
+
+import torch
+
+LSE = torch.logcumsumexp
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        qt = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + qt.shape[2])[:, None] + n_k - n_q
+        run_lse = qt.new_full(qt.shape[:3], float("-inf"))
+        acc = torch.zeros_like(qt)
+        for j in range(0, n_k, block_k):
+            s = qt @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            both = torch.stack([run_lse, LSE(s, -1)[..., -1]], -1)
+            new = LSE(both, -1)[..., -1]
+            safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+            acc = acc * torch.exp(run_lse - safe)[..., None] \
+                + torch.exp(s - safe[..., None]) @ v[:, :, j:j + block_k]
+            run_lse = new
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc, run_lse
+    return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: honest tiles, each tile's log-sum-exp from torch's private torch._logcumsumexp (which no guard wraps)
+# expect: may not reach torch's internals
+# expect score: 0
+import math
+
+import torch
+
+LSE = torch._logcumsumexp
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        qt = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + qt.shape[2])[:, None] + n_k - n_q
+        run_lse = qt.new_full(qt.shape[:3], float("-inf"))
+        acc = torch.zeros_like(qt)
+        for j in range(0, n_k, block_k):
+            s = qt @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            both = torch.stack([run_lse, LSE(s, -1)[..., -1]], -1)
+            new = LSE(both, -1)[..., -1]
+            safe = torch.where(torch.isinf(new), torch.zeros_like(new), new)
+            acc = acc * torch.exp(run_lse - safe)[..., None] \
+                + torch.exp(s - safe[..., None]) @ v[:, :, j:j + block_k]
+            run_lse = new
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc, run_lse
+    return out, lse
+
 
 # %% grade_id: tiled_attention | cheat: imports the reference implementation
 # expect: is not allowed

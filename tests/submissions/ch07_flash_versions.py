@@ -137,6 +137,23 @@ def split_decode_attention(q, k, v, num_splits):
     return attend(q[:, :, None], k, v)[:, :, 0]
 
 
+# %% grade_id: split_decode_attention | cheat: flex_attention, torch's public attention that runs eagerly on CPU (no split at all)
+# expect: which this exercise forbids
+from torch.nn.attention.flex_attention import flex_attention
+
+
+def split_decode_attention(q, k, v, num_splits):
+    return flex_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0]
+
+
+# %% grade_id: split_decode_attention | cheat: torch's private CPU flash kernel, by its top-level name (no split at all)
+# expect: may not reach torch's internals
+def split_decode_attention(q, k, v, num_splits):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    return torch._scaled_dot_product_flash_attention_for_cpu(q[:, :, None], k, v)[0][:, :, 0]
+
+
 # %% grade_id: split_decode_attention | cheat: imports the reference implementation
 # expect: is not allowed
 from reference.kernels.torch_reference import split_decode_attention  # noqa: F401

@@ -27,6 +27,13 @@ none may earn the exercise's full points.
 #     still_running += [dict(r) for r in waiting[:free]]
 
 
+# %% grade_id: continuous_batch_step | wrong: static batching: admits only once the whole batch has finished
+# expect: that is static batching
+# replace:
+#     free = max(0, max_batch - len(still_running))
+# with:
+#     free = max_batch if not still_running else 0                 # a new batch only when all are done
+
 # %% grade_id: continuous_batch_step | cheat: imports the reference implementation
 # expect: is not allowed
 from reference.calculators.batching_sim import continuous_batch_step  # noqa: F401
@@ -71,6 +78,13 @@ from reference.calculators.batching_sim import continuous_batch_step  # noqa: F4
 #         running += [{"id": r["id"], "left": r["output_len"]} for r in waiting[:free]]
 #         waiting = waiting[free:]
 
+
+# %% grade_id: simulate_batching | wrong: ignores the arrivals (every request is in the queue at step 0)
+# expect: a request cannot be admitted before its arrival step
+# replace:
+#         while queue and queue[0]["arrival"] <= step:
+# with:
+#         while queue:                                            # arrivals ignored
 
 # %% grade_id: simulate_batching | cheat: loads the reference simulators from their file and runs them
 # expect: simulate_batching
