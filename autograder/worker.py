@@ -108,8 +108,10 @@ def relay_exit_status() -> None:
 
 def restrict(memory_mb: int, memory_limit: str, max_processes: int | None) -> None:
     """Apply rlimits and hide the grader's packages from ``import``. ``memory_limit`` is "as"
-    (address space) or "data" (RLIMIT_DATA: on CUDA machines, where the driver reserves far more
-    address space than it uses)."""
+    (address space) or "data" (RLIMIT_DATA, anonymous memory only: with a CUDA build of torch,
+    whose libraries map gigabytes of address space even on a machine without a GPU, and on CUDA
+    machines, where the driver reserves far more address space than it uses). Either way a tensor
+    larger than the limit cannot be allocated, which per-exercise limits (``memory_mb``) rely on."""
     limit = memory_mb * 2**20
     kind = resource.RLIMIT_DATA if memory_limit == "data" else resource.RLIMIT_AS
     resource.setrlimit(kind, (limit, limit))
