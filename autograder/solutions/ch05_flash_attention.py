@@ -20,7 +20,10 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     the last tile of either may be shorter. Per query row keep the running max m, the sum
     l = sum exp(s - m) and the unnormalised output acc = sum exp(s - m) v over the keys seen.
     Returns (out [B, H, Nq, D], lse [B, H, Nq]) in q's dtype; lse = m + log(l), the natural
-    log of sum_j exp(score_ij). softmax functions and scaled_dot_product_attention are forbidden.
+    log of sum_j exp(score_ij). softmax functions, the one-line normalisers (logsumexp,
+    logcumsumexp), scaled_dot_product_attention and flex_attention are forbidden, and a
+    score matrix of the whole [Nq, Nk] scores 0 for the exercise: the grader runs one case
+    under a memory limit where only tiles fit.
     """
     batch, heads, n_q, dim = q.shape
     n_k = k.shape[2]
