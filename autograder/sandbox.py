@@ -150,7 +150,8 @@ class SandboxLearner(GraderSideTrace):
                                               str(PACKAGE_ROOT / "reference")])
         self._worker_mb = self.memory_limit_mb
         config = {"in": worker_in, "out": worker_out, "memory_mb": self._worker_mb,
-                  "memory_limit": "data" if cuda or torch.version.cuda else "as", "lockdown": self.mode == "namespaces",
+                  "memory_limit": "data" if cuda or torch.version.cuda else "as",
+                  "lockdown": self.mode == "namespaces",
                   "hide": hide, "restore": outermost(imports),
                   "uid": self.uid, "keep_read": not readable_dirs(imports),
                   "check_imports": [m for m in STARTUP_IMPORTS if importable(m)],
