@@ -1,5 +1,45 @@
 """Autograder of the course: ``check(fn)`` for notebooks, ``python -m autograder grade`` for
-instructors. See ``autograder/README.md``."""
+instructors. See ``autograder/README.md``.
+
+By role: the front-ends here (``cli``, ``grading``, ``report``, ``local``, ``notebook``,
+``source_notebook``, ``gradescope_zip``, ``bench``), what a grader applies in ``rules/``, the
+process boundary that learner code runs behind in ``boundary/``, the chapter graders in
+``tests/`` and the solutions in ``solutions/``.
+"""
+import importlib.abc
+import sys
+
+# Modules that moved when autograder/ was split by role: old name -> new name. Importing an old
+# name fails with a message naming the new place (a grader file or notebook may still use it).
+MOVED = {
+    "autograder.plugin": "autograder.rules.plugin",
+    "autograder.feedback": "autograder.rules.feedback",
+    "autograder.forbid": "autograder.rules.forbid (the run-time guard: autograder.boundary.guard)",
+    "autograder.kernel_rules": "autograder.rules.kernel_rules",
+    "autograder.inputs": "autograder.rules.inputs",
+    "autograder.errors": "autograder.boundary.causes (PrerequisiteFailed: autograder.rules.feedback)",
+    "autograder.sandbox": "autograder.boundary.sandbox",
+    "autograder.worker": "autograder.boundary.worker",
+    "autograder.confine": "autograder.boundary.confine",
+    "autograder.isolation": "autograder.boundary.isolation",
+    "autograder.launching": "autograder.boundary.launching",
+    "autograder.protocol": "autograder.boundary.protocol",
+    "autograder.proxies": "autograder.boundary.proxies",
+    "autograder.refs": "autograder.boundary.refs",
+    "autograder.store": "autograder.boundary.store",
+}
+
+
+class _MovedModules(importlib.abc.MetaPathFinder):
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname in MOVED:
+            raise ModuleNotFoundError(f"{fullname} has moved: import {MOVED[fullname]} instead")
+        return None
+
+
+if not any(type(finder).__name__ == "_MovedModules" and finder.__module__ == __name__
+           for finder in sys.meta_path):
+    sys.meta_path.insert(0, _MovedModules())
 
 
 def check(obj, seed: int | None = None) -> None:

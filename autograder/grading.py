@@ -12,11 +12,11 @@ from typing import Iterable, Mapping
 
 import pytest
 
-from autograder.errors import LearnerError
+from autograder.boundary.causes import LearnerError
 from autograder.local import TESTS_DIR, load_graders
 from autograder.notebook import NotebookError, chapter_of, read_notebook, solution_cells
-from autograder.plugin import REGISTRY, Collector, TestOutcome, apply_gates
-from autograder.sandbox import SandboxLearner, SandboxUnavailable
+from autograder.rules.plugin import REGISTRY, Collector, TestOutcome, apply_gates
+from autograder.boundary.sandbox import SandboxLearner, SandboxUnavailable
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 

@@ -19,14 +19,15 @@ import torch
 from torch.nn import functional as F
 from torch import Tensor
 
-from autograder.errors import LearnerError, PrerequisiteFailed, describe
-from autograder.forbid import Guard
-from autograder.kernel_rules import cell_problem
-from autograder.launching import launch
-from autograder.protocol import HEADER, decode, encode
-from autograder.proxies import LearnerSide
-from autograder.refs import Handle, from_wire, to_wire
-from autograder.store import GraderSideTrace, ReferenceStore
+from autograder.boundary.causes import LearnerError, describe
+from autograder.boundary.guard import Guard
+from autograder.rules.feedback import PrerequisiteFailed
+from autograder.rules.kernel_rules import cell_problem
+from autograder.boundary.launching import launch
+from autograder.boundary.protocol import HEADER, decode, encode
+from autograder.boundary.proxies import LearnerSide
+from autograder.boundary.refs import Handle, from_wire, to_wire
+from autograder.boundary.store import GraderSideTrace, ReferenceStore
 
 TESTS_DIR = Path(__file__).resolve().parent / "tests"
 
@@ -188,7 +189,7 @@ def check(obj: Any, seed: int | None = None) -> None:
     objects; print one ✓/✗ line per test (per case of a parametrized test), the teaching
     message of each failure and the points; then raise ``AssertionError`` with the teaching
     messages if any test failed (so that nbgrader sees the failure)."""
-    from autograder.plugin import REGISTRY, failure_message, static_check
+    from autograder.rules.plugin import REGISTRY, failure_message, static_check
     name = getattr(obj, "__name__", None)
     load_graders()
     if name not in REGISTRY:

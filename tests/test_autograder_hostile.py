@@ -21,8 +21,8 @@ from pathlib import Path
 import pytest
 
 from autograder.notebook import inject
-from autograder.sandbox import namespaces_available
-from autograder.confine import landlock_abi
+from autograder.boundary.isolation import namespaces_available
+from autograder.boundary.confine import landlock_abi
 
 ROOT = Path(__file__).resolve().parent.parent
 GRADER = ROOT / "tests/fixtures/hostile_grader.py"

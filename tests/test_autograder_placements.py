@@ -158,7 +158,7 @@ def test_an_environment_the_sandbox_cannot_show_is_refused_with_exit_3(public_tm
 def test_packages_installed_as_links_are_shown_where_they_point(tmp_path):
     # a site-packages whose entries are symbolic links (Nix, some conda layouts, placement.py's
     # linked venvs): the sandbox must show the folders the links point into, not only the links
-    from autograder.isolation import link_target_dirs
+    from autograder.boundary.isolation import link_target_dirs
 
     store, site_dir = tmp_path / "store" / "pkgs", tmp_path / "site-packages"
     (store / "mypkg").mkdir(parents=True)

@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder import feedback
+from autograder.rules import feedback
 from autograder.local import LocalLearner
 from autograder.notebook import (NotebookError, chapter_of, inject, read_notebook,
                                  solution_cells)
-from autograder.protocol import MAX_MESSAGE, HEADER, ProtocolError, decode, encode, read_message
-from autograder.refs import CacheRef, Handle, ModelRef, from_wire, to_wire
-from autograder.store import ReferenceStore
+from autograder.boundary.protocol import MAX_MESSAGE, HEADER, ProtocolError, decode, encode, read_message
+from autograder.boundary.refs import CacheRef, Handle, ModelRef, from_wire, to_wire
+from autograder.boundary.store import ReferenceStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -164,7 +164,7 @@ def test_cli_help_lists_the_options():
 def test_check_counts_a_skipped_test_as_a_failure(capsys):
     import pytest as _pytest
     from autograder.local import check
-    from autograder.plugin import REGISTRY, exercise
+    from autograder.rules.plugin import REGISTRY, exercise
 
     @exercise("skipper_exercise", points=1)
     def test_skips(learner, seed):
@@ -181,8 +181,8 @@ def test_check_counts_a_skipped_test_as_a_failure(capsys):
 
 
 def test_exercise_timeout_replaces_the_call_limit_and_forbid_is_enforced():
-    from autograder.plugin import Exercise
-    from autograder.sandbox import SandboxLearner
+    from autograder.rules.plugin import Exercise
+    from autograder.boundary.sandbox import SandboxLearner
     cells = [("spin", "import time\ndef spin():\n    time.sleep(30)"),
              ("fused", "def fused(q):\n    return F.scaled_dot_product_attention(q, q, q)")]
     learner = SandboxLearner(cells, timeout=30,
@@ -202,7 +202,7 @@ def test_exercise_timeout_replaces_the_call_limit_and_forbid_is_enforced():
 
 
 def test_forbidding_a_tensor_method_refuses_it_under_any_spelling():
-    from autograder.forbid import ForbiddenFunctionError, Guard
+    from autograder.boundary.guard import ForbiddenFunctionError, Guard
     guard = Guard(["torch.Tensor.softmax"]).install()
     x = torch.randn(3)
     try:
@@ -218,7 +218,7 @@ def test_forbidding_a_tensor_method_refuses_it_under_any_spelling():
 
 
 def test_static_look_names_forbidden_functions_but_not_in_docstrings():
-    from autograder.forbid import uses_in_source
+    from autograder.rules.forbid import uses_in_source
     name = ["torch.nn.functional.scaled_dot_product_attention"]
     doc = 'def f(q):\n    """Do not call scaled_dot_product_attention."""\n    return q  # nor here'
     assert uses_in_source(doc, name) == []
@@ -229,7 +229,7 @@ def test_static_look_names_forbidden_functions_but_not_in_docstrings():
 
 
 def test_the_static_look_refuses_the_ways_around_a_forbidden_name():
-    from autograder.forbid import detours_in_source
+    from autograder.rules.forbid import detours_in_source
     honest = ("import math\nimport torch\n\n\ndef _helper(x):\n    return x\n\n\n"
               "def f(q):\n    return _helper(torch.exp(q - q.amax(-1, keepdim=True)))")
     assert detours_in_source(honest, "f") == []
@@ -248,9 +248,9 @@ def test_the_static_look_refuses_the_ways_around_a_forbidden_name():
 
 
 def test_a_failed_prerequisite_scores_its_whole_exercise_zero(capsys):
-    from autograder.errors import PrerequisiteFailed
+    from autograder.rules.feedback import PrerequisiteFailed
     from autograder.local import check
-    from autograder.plugin import REGISTRY, TestOutcome, apply_gates, exercise
+    from autograder.rules.plugin import REGISTRY, TestOutcome, apply_gates, exercise
 
     outcomes = [TestOutcome("t1", "a", 1, 1, True), TestOutcome("t2", "a", 1, 0, False, "x",
                                                               prerequisite="work tile by tile"),
@@ -280,8 +280,8 @@ def test_a_failed_prerequisite_scores_its_whole_exercise_zero(capsys):
 
 
 def test_an_exercise_memory_limit_applies_while_it_is_graded():
-    from autograder.plugin import Exercise
-    from autograder.sandbox import SandboxLearner
+    from autograder.rules.plugin import Exercise
+    from autograder.boundary.sandbox import SandboxLearner
     cells = [("grab", "import torch\ndef grab(mb):\n    return float(torch.ones(mb * 2**18).sum())")]
     learner = SandboxLearner(cells, timeout=30, memory_mb=4096)
     try:
@@ -350,20 +350,20 @@ def kern(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
     ("    y = LOOKUP\n", "not defined in this cell"),
 ])
 def test_kernel_cells_must_be_triton_code(body, why):
-    from autograder.kernel_rules import cell_problem
+    from autograder.rules.kernel_rules import cell_problem
     problem = cell_problem(KERNEL_HEAD + body, "kern")
     assert (problem is None) if why is None else (why in problem), problem
 
 
 def test_a_kernel_cell_holds_no_plain_python_helpers_or_other_imports():
-    from autograder.kernel_rules import cell_problem
+    from autograder.rules.kernel_rules import cell_problem
     helper = "import sys\n\n\ndef helper():\n    return sys._getframe().f_back\n\n\n"
     problem = cell_problem(helper + KERNEL_HEAD + "    helper()\n", "kern")
     assert "`helper` is a plain Python function" in problem and "not `sys`" in problem
 
 
 def test_required_calls_count_only_where_they_run_and_loops_step_whole_tiles():
-    from autograder.kernel_rules import loop_problem, reachable_calls, require_tile_loop
+    from autograder.rules.kernel_rules import loop_problem, reachable_calls, require_tile_loop
 
     def dots(body):
         calls = reachable_calls(KERNEL_HEAD + body, "kern")
@@ -401,6 +401,6 @@ def test_every_forward_is_recorded_with_its_model_whatever_cache_it_goes_into():
 
 
 def test_a_kernel_source_without_its_imports_uses_the_usual_names():
-    from autograder.kernel_rules import cell_problem
+    from autograder.rules.kernel_rules import cell_problem
     kernel_only = KERNEL_HEAD.split("\n\n\n", 1)[1] + "    tl.store(out_ptr + offsets, x)\n"
     assert cell_problem(kernel_only, "kern") is None

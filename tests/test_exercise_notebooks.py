@@ -19,7 +19,7 @@ import pytest
 
 from autograder.local import load_graders
 from autograder.notebook import solution_cells
-from autograder.plugin import REGISTRY
+from autograder.rules.plugin import REGISTRY
 from autograder.solutions import chapters, load_solutions
 from autograder.source_notebook import (BEGIN, END, exercise_cells, fill, release,
                                         source_notebook, split_regions, structure_problems)

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from autograder.local import LocalLearner
-from autograder.plugin import COLLECTOR
+from autograder.rules.plugin import COLLECTOR
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 

@@ -12,11 +12,11 @@ import math
 import torch
 from torch.nn import functional as F
 
-from autograder.errors import PrerequisiteFailed
-from autograder.feedback import assert_close, assert_equal, assert_equal_tokens
-from autograder.inputs import generator, qkv, randint
-from autograder.plugin import exercise
-from autograder.refs import ModelRef
+from autograder.rules.feedback import PrerequisiteFailed
+from autograder.rules.feedback import assert_close, assert_equal, assert_equal_tokens
+from autograder.rules.inputs import generator, qkv, randint
+from autograder.rules.plugin import exercise
+from autograder.boundary.refs import ModelRef
 from reference.decoding import generate, naive_work as reference_naive_work
 from reference.model import build_tiny
 

@@ -9,11 +9,11 @@ from __future__ import annotations
 import torch
 from torch.nn import functional as F
 
-from autograder.errors import LearnerError
-from autograder.feedback import assert_close, assert_equal, assert_equal_tokens
-from autograder.inputs import generator, qkv, randint
-from autograder.plugin import exercise
-from autograder.refs import CacheRef, ModelRef
+from autograder.boundary.causes import LearnerError
+from autograder.rules.feedback import assert_close, assert_equal, assert_equal_tokens
+from autograder.rules.inputs import generator, qkv, randint
+from autograder.rules.plugin import exercise
+from autograder.boundary.refs import CacheRef, ModelRef
 from reference.decoding import generate
 from reference.model import build_tiny
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import torch
 
-from autograder.errors import LearnerError
-from autograder.feedback import assert_close, assert_equal
-from autograder.inputs import generator, randint
-from autograder.plugin import exercise
+from autograder.boundary.causes import LearnerError
+from autograder.rules.feedback import assert_close, assert_equal
+from autograder.rules.inputs import generator, randint
+from autograder.rules.plugin import exercise
 from reference.calculators import memory
 from reference.calculators.hardware import GPUS
 from reference.attention import grouped_query_attention

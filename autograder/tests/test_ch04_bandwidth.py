@@ -11,9 +11,9 @@ import math
 
 import torch
 
-from autograder.feedback import as_number, assert_close
-from autograder.inputs import generator, randint
-from autograder.plugin import exercise
+from autograder.rules.feedback import as_number, assert_close
+from autograder.rules.inputs import generator, randint
+from autograder.rules.plugin import exercise
 from reference.calculators import roofline as rf
 
 TRAFFIC_DTYPES = ["fp32", "fp16", "bf16", "fp8"]

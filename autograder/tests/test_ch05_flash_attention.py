@@ -12,7 +12,7 @@ on a float64 case, one query tile of all rows and 128-key tiles, whose whole sco
 larger than that limit even in float32, so neither the whole matrix nor a query tile's whole rows
 of scores fit and only a tiled computation finishes; softmax and the one-line normalisers
 (logsumexp, logcumsumexp, log_softmax, softmin, SDPA, flex_attention) are forbidden;
-the kernel cell must be Triton code (``autograder.kernel_rules``) with a reachable ``tl.dot`` and a
+the kernel cell must be Triton code (``autograder.rules.kernel_rules``) with a reachable ``tl.dot`` and a
 loop stepping whole key tiles.
 """
 from __future__ import annotations
@@ -23,16 +23,17 @@ import math
 import pytest
 import torch
 
-from autograder.errors import LearnerError, PrerequisiteFailed
-from autograder.feedback import assert_close, assert_equal
-from autograder.inputs import generator, randint
-from autograder.kernel_rules import (
+from autograder.boundary.causes import LearnerError
+from autograder.rules.feedback import PrerequisiteFailed
+from autograder.rules.feedback import assert_close, assert_equal
+from autograder.rules.inputs import generator, randint
+from autograder.rules.kernel_rules import (
     cell_problem,
     kernel_source,
     loop_problem,
     reachable_calls,
 )
-from autograder.plugin import exercise
+from autograder.rules.plugin import exercise
 from reference.kernels.flash_attention import hbm_bytes
 from reference.kernels.torch_reference import causal_mask
 

@@ -17,10 +17,10 @@ import pytest
 import torch
 import triton
 
-from autograder.errors import LearnerError
-from autograder.feedback import assert_close
-from autograder.inputs import generator, randint
-from autograder.plugin import exercise
+from autograder.boundary.causes import LearnerError
+from autograder.rules.feedback import assert_close
+from autograder.rules.inputs import generator, randint
+from autograder.rules.plugin import exercise
 from reference.kernels.torch_reference import merge_softmax_states as reference_merge
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

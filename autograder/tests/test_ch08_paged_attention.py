@@ -21,11 +21,11 @@ import torch
 if not torch.cuda.is_available():   # `pytest` on this file alone: the solution's kernel is
     os.environ.setdefault("TRITON_INTERPRET", "1")   # defined after this, in the interpreter
 
-from autograder.errors import LearnerError
-from autograder.feedback import assert_close
-from autograder.inputs import generator, randint
-from autograder.kernel_rules import require_tile_loop
-from autograder.plugin import exercise
+from autograder.boundary.causes import LearnerError
+from autograder.rules.feedback import assert_close
+from autograder.rules.inputs import generator, randint
+from autograder.rules.kernel_rules import require_tile_loop
+from autograder.rules.plugin import exercise
 from reference.attention import paged_attention
 from reference.calculators.fragmentation import WALKTHROUGH, WALKTHROUGH_BLOCK_SIZE, WALKTHROUGH_SLOTS, \
     ContiguousPool, PagedPool

@@ -11,8 +11,8 @@ import math
 import pytest
 import torch
 
-from autograder.inputs import generator, randint
-from autograder.plugin import exercise
+from autograder.rules.inputs import generator, randint
+from autograder.rules.plugin import exercise
 from reference.calculators import batching_sim as sim
 
 RETIRE_FIRST = ("retire first: a request that reached output_len frees its slot for THIS step; "

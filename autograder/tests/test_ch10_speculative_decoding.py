@@ -11,11 +11,11 @@ import math
 
 import torch
 
-from autograder.errors import LearnerError
-from autograder.feedback import as_number, assert_close, assert_equal, assert_equal_tokens
-from autograder.inputs import generator, randint
-from autograder.plugin import exercise
-from autograder.refs import CacheRef, ModelRef
+from autograder.boundary.causes import LearnerError
+from autograder.rules.feedback import as_number, assert_close, assert_equal, assert_equal_tokens
+from autograder.rules.inputs import generator, randint
+from autograder.rules.plugin import exercise
+from autograder.boundary.refs import CacheRef, ModelRef
 from reference import speculative as ref
 from reference.decoding import generate
 from reference.model import build_tiny

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import torch
 
-from autograder.feedback import assert_equal_tokens
-from autograder.inputs import generator, randint
-from autograder.plugin import exercise
-from autograder.refs import ModelRef
+from autograder.rules.feedback import assert_equal_tokens
+from autograder.rules.inputs import generator, randint
+from autograder.rules.plugin import exercise
+from autograder.boundary.refs import ModelRef
 from reference.decoding import generate
 from reference.model import build_tiny
 

@@ -1,7 +1,7 @@
 """Learner side of the grader's objects, and the guard against forbidden functions.
 
 ``ModelProxy`` and ``CacheProxy`` stand for a model or cache that lives in the grader's process
-(``autograder.store``): calling one sends a request through ``channel`` and returns the grader's
+(``autograder.boundary.store``): calling one sends a request through ``channel`` and returns the grader's
 answer. They hold nothing but an id, so no reference code or weights exist on this side.
 ``LearnerSide`` keeps the learner's objects (``Handle`` ids) and converts arguments and results.
 This module must never import ``reference``.
@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import torch
 
-from autograder.refs import SCALARS, TAG, Handle, Remote, from_wire
+from autograder.boundary.refs import SCALARS, TAG, Handle, Remote, from_wire
 
 Channel = Callable[[dict], dict]
 

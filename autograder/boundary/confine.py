@@ -1,4 +1,4 @@
-"""Confining the sandbox worker before learner code runs (called by ``autograder.worker``):
+"""Confining the sandbox worker before learner code runs (called by ``autograder.boundary.worker``):
 namespaced mounts, dropping to an unprivileged user and capabilities, Landlock rules.
 Linux only; every step that fails raises ``OSError`` naming it.
 """

@@ -1,6 +1,6 @@
 """Grader side of the proxies: the reference models and caches that learner code uses.
 
-Learner code gets ``autograder.proxies.ModelProxy``/``CacheProxy`` objects; each use is a
+Learner code gets ``autograder.boundary.proxies.ModelProxy``/``CacheProxy`` objects; each use is a
 request ``{"op": "remote", "id", "method", "args", "kwargs"}`` answered here, in the grader's
 process, by the reference objects. Every forward is recorded in ``trace`` here, where learner
 code cannot reach it, so what a grader test checks about *how* the learner computed rests on
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from autograder.refs import CacheRef, ModelRef, Remote, from_wire, to_wire
+from autograder.boundary.refs import CacheRef, ModelRef, Remote, from_wire, to_wire
 
 MODEL_METHODS = {"forward", "new_cache", "config"}
 MAX_OBJECTS = 256  # models and caches per submission: learner requests must not exhaust us

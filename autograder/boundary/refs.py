@@ -10,9 +10,9 @@ A grader test never sends a model or a cache to the learner's process; it sends 
 - ``Handle(id)``: a learner object that lives on the learner side (returned by ``learner.new``
   or by a call whose result is not plain data).
 
-The grader keeps the model or cache itself (``autograder.store.ReferenceStore``) and sends a
+The grader keeps the model or cache itself (``autograder.boundary.store.ReferenceStore``) and sends a
 ``Remote(kind, id)``; on the learner side it becomes a proxy whose every use is a request back to
-the grader (``autograder.proxies``). No reference object ever exists in the learner's process.
+the grader (``autograder.boundary.proxies``). No reference object ever exists in the learner's process.
 
 Plain data is: None, bool, int, float, str, torch.Tensor, torch.Size, torch.dtype and
 lists/tuples/dicts of those. Only plain data crosses the process boundary.

@@ -1,8 +1,8 @@
 """The sandbox worker: runs learner code (solution cells) and answers the grader's requests.
 
-Started by ``autograder.sandbox`` as ``python -s -m autograder.worker CONFIG_JSON``. Trusted
-bootstrap (``autograder.confine``), in this order: import torch and the worker's own modules
-(never ``reference``); with ``lockdown`` (root, inside ``unshare``'s new namespaces) hide the
+Started by ``autograder.boundary.process`` as ``python -s -m autograder.boundary.worker CONFIG``.
+Trusted bootstrap (``confine``), in this order: import torch and the worker's own modules (never
+``reference``); with ``lockdown`` (root, inside ``unshare``'s new namespaces) hide the
 grader's directories under empty read-only tmpfs mounts, make every other mount read-only,
 mount a private ``/tmp`` and bind the Python environment's directories that were under /tmp
 back, read-only; with ``uid`` drop to that unprivileged user and group (all
@@ -14,8 +14,8 @@ importing them; import what learner code may import (``check_imports``: on failu
 says why and exits with ``ENVIRONMENT_BROKEN``, and the grader refuses to grade). Then learner
 code runs.
 
-Models and caches given to learner code are proxies (``autograder.proxies``): using one sends a
-``remote`` request to the grader and waits for its answer on the same pipes.
+Models and caches given to learner code are proxies (``proxies``): using one sends a ``remote``
+request to the grader and waits for its answer on the same pipes.
 """
 from __future__ import annotations
 
@@ -36,12 +36,12 @@ import torch
 from torch.nn import functional as F
 from torch import Tensor
 
-from autograder.confine import drop_privileges, landlock, lock_down
-from autograder.errors import describe
-from autograder.forbid import Guard
-from autograder.launching import launch
-from autograder.protocol import decode, encode, read_message, write_message
-from autograder.proxies import LearnerSide
+from autograder.boundary.confine import drop_privileges, landlock, lock_down
+from autograder.boundary.causes import describe
+from autograder.boundary.guard import Guard
+from autograder.boundary.launching import launch
+from autograder.boundary.protocol import decode, encode, read_message, write_message
+from autograder.boundary.proxies import LearnerSide
 
 FORBIDDEN = ("reference", "autograder")
 CELL_DIR = "learner_cells"

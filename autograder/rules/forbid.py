@@ -2,94 +2,15 @@
 
 Two checks, both named in the report:
 
-- static, grader side: ``uses_in_source`` looks for the function's name in the cell's source;
-- run time, learner side: ``Guard`` replaces the function (under every name it has in ``torch``,
-  ``torch.nn.functional`` and ``torch._C._nn``; a method such as ``torch.Tensor.softmax`` on its
-  class) by a wrapper that raises
-  ``ForbiddenFunctionError`` while an exercise that forbids it is being graded. In the sandbox
-  the guard is installed before any learner cell runs, so aliases taken by a cell are guarded too.
+- static, grader side (here): ``uses_in_source`` looks for the function's name in the cell's
+  source, ``detours_in_source`` for the ways around a name;
+- run time, learner side: ``autograder.boundary.guard.Guard`` makes the function raise while an
+  exercise that forbids it is being graded.
 """
 from __future__ import annotations
 
 import ast
-import contextlib
-import functools
-import importlib
-from typing import Any, Iterable, Iterator
-
-SEARCHED = ("torch", "torch.nn.functional", "torch._C._nn", "torch.functional", "torch.special")
-
-
-class ForbiddenFunctionError(RuntimeError):
-    """Learner code called a function its exercise forbids."""
-
-
-def _owner(dotted: str) -> tuple[Any, str]:
-    """(object holding the function, its attribute name): a module, or a class such as
-    ``torch.Tensor`` for a method (``"torch.Tensor.softmax"``)."""
-    parent, _, attr = dotted.rpartition(".")
-    module, _, cls = parent.rpartition(".")
-    if cls[:1].isupper():
-        return getattr(importlib.import_module(module), cls), attr
-    return importlib.import_module(parent), attr
-
-
-def _resolve(dotted: str) -> Any:
-    owner, attr = _owner(dotted)
-    return getattr(owner, attr)
-
-
-class Guard:
-    """Wraps each function of ``names`` (dotted paths); ``active`` is the set that raises now."""
-
-    def __init__(self, names: Iterable[str]):
-        self.names = sorted(set(names))
-        self.active: frozenset[str] = frozenset()
-        self._patches: list[tuple[Any, str, Any]] = []
-
-    def install(self) -> "Guard":
-        for name in self.names:
-            original = _resolve(name)
-            wrapper = self._wrapper(name, original)
-            owner, attr = _owner(name)
-            if isinstance(owner, type):  # a method: patched on its class (x.softmax(-1))
-                setattr(owner, attr, wrapper)
-                self._patches.append((owner, attr, original))
-                continue
-            if getattr(owner, attr) is original and owner.__name__ not in SEARCHED:
-                setattr(owner, attr, wrapper)   # where it lives (torch.nn.attention.flex_attention)
-                self._patches.append((owner, attr, original))
-            for module_name in SEARCHED:
-                module = importlib.import_module(module_name)
-                for attr, value in list(vars(module).items()):
-                    if value is original:
-                        setattr(module, attr, wrapper)
-                        self._patches.append((module, attr, original))
-        return self
-
-    def uninstall(self) -> None:
-        for module, attr, original in reversed(self._patches):
-            setattr(module, attr, original)
-        self._patches.clear()
-
-    def _wrapper(self, name: str, original: Any):
-        @functools.wraps(original)
-        def guarded(*args, **kwargs):
-            if name in self.active:
-                raise ForbiddenFunctionError(
-                    f"`{name}` is forbidden in this exercise: the grader forbids it so that you "
-                    "write the computation yourself")
-            return original(*args, **kwargs)
-        return guarded
-
-    @contextlib.contextmanager
-    def forbidding(self, names: Iterable[str]) -> Iterator[None]:
-        """Make ``names`` raise inside the block."""
-        before, self.active = self.active, frozenset(names) & frozenset(self.names)
-        try:
-            yield
-        finally:
-            self.active = before
+from typing import Iterable
 
 
 def uses_in_source(source: str, names: Iterable[str]) -> list[str]:
@@ -139,7 +60,7 @@ def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
     but ``__init__`` and a few such), attribute or module look-ups by computed names
     (``getattr``, ``vars``, ``eval``, ``sys.modules``, ``importlib``), ``__dict__``,
     ``__wrapped__``, ``__import__``. In a kernel cell (``grade_id`` is a ``@triton.jit``
-    function) the jit bodies are left to ``autograder.kernel_rules``, checked at launch over the
+    function) the jit bodies are left to ``autograder.rules.kernel_rules``, checked at launch over the
     whole cell. An unparsable cell gives []
     (it fails to load anyway)."""
     try:
@@ -175,7 +96,7 @@ def _is_jit(node: ast.FunctionDef) -> bool:
 
 def _outside_kernels(tree: ast.AST):
     """Every node of ``tree`` but those inside ``@triton.jit`` functions (which
-    ``autograder.kernel_rules`` governs, more strictly)."""
+    ``autograder.rules.kernel_rules`` governs, more strictly)."""
     stack = [tree]
     while stack:
         node = stack.pop()

@@ -3,14 +3,14 @@ per-test outcomes and points.
 
 Grader tests are written as::
 
-    from autograder.plugin import exercise
+    from autograder.rules.plugin import exercise
 
     @exercise("naive_generate", points=2)
     def test_matches_reference(learner, seed): ...
 
 An exercise's points are split evenly over its tests (every case of a
 ``pytest.mark.parametrize`` test counts as one test). A test that raises
-``autograder.errors.PrerequisiteFailed`` (the method is not followed: right numbers by a way the
+``autograder.rules.feedback.PrerequisiteFailed`` (the method is not followed: right numbers by a way the
 exercise rules out) scores the whole exercise 0. ``forbid=["torch.nn.functional.x", ...]``
 names functions the learner's code must not call (refused at run time and flagged in the cell's
 source); ``timeout=S`` replaces the per-call time limit for this exercise (slow interpreters);
@@ -26,8 +26,9 @@ from typing import Any, Callable, Iterable
 
 import pytest
 
-from autograder.errors import LearnerError, PrerequisiteFailed
-from autograder.forbid import detour_message, detours_in_source, forbidden_message, uses_in_source
+from autograder.boundary.causes import LearnerError
+from autograder.rules.feedback import PrerequisiteFailed
+from autograder.rules.forbid import detour_message, detours_in_source, forbidden_message, uses_in_source
 
 
 @dataclass

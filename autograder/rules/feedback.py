@@ -2,7 +2,7 @@
 
 ``name`` is how the message refers to the checked value (e.g. ``"logits"`` or
 ``"naive_generate(...)"``); ``hint`` (optional) is appended as ``Hint: ...`` and names a
-recognised common mistake.
+recognised common mistake. ``PrerequisiteFailed`` is for the method, not a number.
 """
 from __future__ import annotations
 
@@ -10,7 +10,18 @@ from typing import Any
 
 import torch
 
-from autograder.refs import Handle
+from autograder.boundary.refs import Handle
+
+
+class PrerequisiteFailed(AssertionError):
+    """Raised by a grader test when a submission does not follow the exercise's method (e.g. it
+    holds the whole score matrix where the exercise is to work tile by tile): the plugin then
+    scores every test of that exercise 0, those that passed saying why (``plugin.apply_gates``).
+    ``rule``: the method in a few words, repeated on those tests."""
+
+    def __init__(self, message: str, rule: str):
+        super().__init__(message)
+        self.rule = rule
 
 
 def _fail(message: str, hint: str | None) -> None:

@@ -1,6 +1,6 @@
 """What the sandbox can rely on here, and cleaning up after its unprivileged user.
 
-See ``autograder.sandbox`` for the modes (``namespaces``, ``user``, ``none``).
+See ``autograder.boundary.sandbox`` for the modes (``namespaces``, ``user``, ``none``).
 """
 from __future__ import annotations
 
@@ -43,6 +43,31 @@ def can_switch_user() -> bool:
     status = Path("/proc/self/status").read_text()
     effective = int(status.split("CapEff:")[1].split()[0], 16)
     return bool(effective & (1 << 6)) and bool(effective & (1 << 7))
+
+
+def choose_mode(isolate: bool) -> tuple[str, int | None, str]:
+    """(mode, sandbox uid or ``None``, one line saying how the worker is isolated): the strongest
+    sandbox available, ``none`` when not root or ``isolate`` is false. As root with neither
+    sandbox, ``SandboxUnavailable`` (grading refused)."""
+    reason = namespaces_available() if isolate else "disabled with --no-isolation"
+    if reason is None:
+        mode = "namespaces"
+    elif isolate and can_switch_user():
+        mode = "user"
+    elif isolate and os.geteuid() == 0:
+        raise SandboxUnavailable(
+            f"refusing to grade as root without a sandbox ({reason}; and no user to drop "
+            "to: CAP_SETUID/CAP_SETGID are missing). Give the grader those capabilities, "
+            "or pass --no-isolation if you trust the submissions")
+    else:
+        mode = "none"
+    uid = UID_BASE + os.getpid() if mode != "none" and can_switch_user() else None
+    isolation = {
+        "namespaces": "isolated: new mount/pid/net namespaces, grader files hidden, "
+                      "read-only file system, unprivileged user",
+        "user": f"isolated as an unprivileged user, without namespaces ({reason})",
+        "none": f"NOT isolated ({reason}): import blocker and resource limits only"}[mode]
+    return mode, uid, isolation
 
 
 def readable_by_all(path: str | Path) -> bool:
@@ -126,7 +151,7 @@ def hidden_dirs(hide: list[str], workdir: Path) -> list[str]:
     import reference
     needed = [Path(sys.prefix).resolve(), Path(os.__file__).resolve(), workdir,
               Path(tempfile.gettempdir()).resolve(), *(Path(d) for d in linked_dirs())]
-    packages = [Path(reference.__file__).resolve().parent, Path(__file__).resolve().parent]
+    packages = [Path(reference.__file__).resolve().parent, Path(__file__).resolve().parents[1]]
     chosen: list[Path] = []
     for d in sorted({Path(p) for p in hide} | set(packages), key=lambda p: len(p.parts)):
         if d.is_dir() and not any(n == d or d in n.parents for n in needed) \

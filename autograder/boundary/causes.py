@@ -1,4 +1,5 @@
-"""Turning a learner exception into the one-line cause shown in a failed test."""
+"""Why learner code failed: ``describe`` turns a learner exception into the one-line cause
+shown in a failed test (worker side), ``LearnerError`` carries it (grader side)."""
 from __future__ import annotations
 
 import traceback
@@ -11,17 +12,6 @@ class LearnerError(AssertionError):
 
     Subclasses ``AssertionError`` so that a grader test fails (not errors) with this message.
     """
-
-
-class PrerequisiteFailed(AssertionError):
-    """Raised by a grader test when a submission does not follow the exercise's method (e.g. it
-    holds the whole score matrix where the exercise is to work tile by tile): the plugin then
-    scores every test of that exercise 0, those that passed saying why (``plugin.apply_gates``).
-    ``rule``: the method in a few words, repeated on those tests."""
-
-    def __init__(self, message: str, rule: str):
-        super().__init__(message)
-        self.rule = rule
 
 
 def _learner_frame(exc: BaseException) -> str:

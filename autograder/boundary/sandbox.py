@@ -1,4 +1,5 @@
-"""Grader side of the sandbox: ``SandboxLearner`` runs learner code in a worker process.
+"""Grader side of the sandbox: ``SandboxLearner`` runs learner code in a worker process
+(``autograder.boundary.process``) and keeps the time limits and the proxies' objects.
 
 Modes (``SandboxLearner.mode``), strongest available first:
 
@@ -18,49 +19,21 @@ answered by ``self.store`` (the reference objects, in this process).
 """
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from autograder.errors import LearnerError
-from autograder.isolation import (UID_BASE, UNSHARE, SandboxUnavailable, can_switch_user,
-                                  delete_leftovers, hidden_dirs, import_dirs, kill_user,
-                                  namespaces_available, outermost, readable_dirs)
-from autograder.kernel_rules import cell_problem
-from autograder.protocol import ProtocolError, read_message, write_message
-from autograder.refs import Handle, from_wire, to_wire
-from autograder.store import GraderSideTrace, ReferenceStore
+from autograder.boundary.causes import LearnerError
+from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delete_leftovers
+from autograder.boundary.process import EnvironmentProblem, WorkerProcess
+from autograder.boundary.refs import Handle, from_wire, to_wire
+from autograder.boundary.store import GraderSideTrace, ReferenceStore
+from autograder.rules.kernel_rules import cell_problem
 
-PACKAGE_ROOT = Path(__file__).resolve().parent.parent
-ENV_KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
-OUTPUT_LIMIT = 4000
-STARTUP_SECONDS = 120
-MAX_PROCESSES = 128
-# Imported by the worker once confined, before any learner code (those the grader can import):
-# the standard library, torch and its lazily loaded parts, numpy, triton.
-STARTUP_IMPORTS = ("math", "sysconfig", "json", "numpy", "torch", "torch.nn.functional",
-                   "torch.utils.serialization", "torch.utils.data", "triton", "triton.language")
+__all__ = ["SandboxLearner", "SandboxUnavailable", "EnvironmentProblem", "kill_all"]
 LIVE: set["SandboxLearner"] = set()
-
-
-class EnvironmentProblem(SandboxUnavailable):
-    """The sandbox worker cannot import what learner code needs (grading refused)."""
-
-
-def importable(name: str) -> bool:
-    """Whether this (the grader's) interpreter can import ``name``."""
-    import importlib.util
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):
-        return False
 
 
 def kill_all() -> None:
@@ -86,36 +59,22 @@ class SandboxLearner(GraderSideTrace):
         self.cells, self.timeout, self.memory_mb = list(cells), timeout, memory_mb
         self.budget, self._spent = budget, 0.0
         self.forbid = set(forbid)  # guarded in the worker, with every forbid of REGISTRY
-        self.hide = [str(Path(p).resolve()) for p in hide]
         self.cell_errors: dict[str, str] = {}
         self.store = ReferenceStore()
         self.exercise = None
-        self._proc: subprocess.Popen | None = None
-        self._worker_mb = memory_mb
         self._handles: set[int] = set()
         self._spawned = False
-        self._output: list[str] = []
-        reason = namespaces_available() if isolate else "disabled with --no-isolation"
-        if reason is None:
-            self.mode = "namespaces"
-        elif isolate and can_switch_user():
-            self.mode = "user"
-        elif isolate and os.geteuid() == 0:
-            raise SandboxUnavailable(
-                f"refusing to grade as root without a sandbox ({reason}; and no user to drop "
-                "to: CAP_SETUID/CAP_SETGID are missing). Give the grader those capabilities, "
-                "or pass --no-isolation if you trust the submissions")
-        else:
-            self.mode = "none"
-        self.uid = UID_BASE + os.getpid() if self.mode != "none" and can_switch_user() else None
-        self.isolation = {
-            "namespaces": "isolated: new mount/pid/net namespaces, grader files hidden, "
-                          "read-only file system, unprivileged user",
-            "user": f"isolated as an unprivileged user, without namespaces ({reason})",
-            "none": f"NOT isolated ({reason}): import blocker and resource limits only"}[self.mode]
+        self.mode, uid, self.isolation = choose_mode(isolate)
         self._workdir = Path(tempfile.mkdtemp(prefix="autograder-worker-"))
-        self._log = Path(tempfile.mkdtemp(prefix="autograder-log-")) / "output.txt"
+        log = Path(tempfile.mkdtemp(prefix="autograder-log-")) / "output.txt"
+        self.worker = WorkerProcess(self.mode, uid, self._workdir, log,
+                                    [str(Path(p).resolve()) for p in hide])
         LIVE.add(self)
+
+    @property
+    def uid(self) -> int | None:
+        """The sandbox user (``None``: the worker runs as the grader's user)."""
+        return self.worker.uid
 
     # -- what the grader tests see -----------------------------------------------------------
     def begin(self, exercise) -> None:
@@ -123,8 +82,8 @@ class SandboxLearner(GraderSideTrace):
         a running worker whose memory limit is not the exercise's is stopped, and the next call
         starts one with the right limit, set before any learner code runs)."""
         self.exercise = exercise
-        if self._proc is not None and self._worker_mb != self.memory_limit_mb:
-            self._kill()
+        if self.worker.running and self.worker.memory_mb != self.memory_limit_mb:
+            self.worker.kill()
 
     @property
     def memory_limit_mb(self) -> int:
@@ -136,67 +95,6 @@ class SandboxLearner(GraderSideTrace):
         return next((src for gid, src in self.cells if gid == grade_id), None)
 
     # -- worker life cycle -------------------------------------------------------------------
-    def _spawn(self) -> None:
-        from autograder.plugin import REGISTRY
-        import torch
-        worker_in, grader_out = os.pipe()
-        grader_in, worker_out = os.pipe()
-        log = open(self._log, "ab", buffering=0)
-        if self.uid is not None:
-            os.chown(self._workdir, self.uid, self.uid)
-        cuda = torch.cuda.is_available()
-        hide = hidden_dirs(self.hide, self._workdir) if self.mode != "none" else []
-        imports = import_dirs(exclude=hide + [str(PACKAGE_ROOT / "autograder"),
-                                              str(PACKAGE_ROOT / "reference")])
-        self._worker_mb = self.memory_limit_mb
-        config = {"in": worker_in, "out": worker_out, "memory_mb": self._worker_mb,
-                  "memory_limit": "data" if cuda or torch.version.cuda else "as",
-                  "lockdown": self.mode == "namespaces",
-                  "hide": hide, "restore": outermost(imports),
-                  "uid": self.uid, "keep_read": not readable_dirs(imports),
-                  "check_imports": [m for m in STARTUP_IMPORTS if importable(m)],
-                  "tmp": str(self._workdir), "max_processes": MAX_PROCESSES,
-                  "forbid": sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})}
-        command = [sys.executable, "-s", "-m", "autograder.worker", json.dumps(config)]
-        if self.mode == "namespaces":
-            command = UNSHARE + command
-        env = {k: os.environ[k] for k in ENV_KEPT if k in os.environ}
-        # the grader's own sys.path (user site, .pth and editable paths) although the worker
-        # runs with -s: it imports from where the grader does
-        on_path = [str(Path(p).resolve()) for p in sys.path if p and os.path.isabs(p)]
-        python_path = [str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")]),
-                       *(p for p in on_path if p in imports)]
-        env.update(PYTHONPATH=os.pathsep.join(python_path), AUTOGRADER_ROOT=str(PACKAGE_ROOT),
-                   PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(min(4, os.cpu_count() or 1)))
-        if not cuda:
-            env["TRITON_INTERPRET"] = "1"
-        try:
-            self._proc = subprocess.Popen(
-                command, pass_fds=(worker_in, worker_out), stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, cwd=self._workdir, env=env, start_new_session=True)
-        finally:
-            os.close(worker_in), os.close(worker_out), log.close()
-        self._write, self._read = grader_out, grader_in
-        os.set_blocking(self._write, False), os.set_blocking(self._read, False)
-        self._handles.clear()
-        try:
-            ready = self._exchange(None, time.monotonic() + STARTUP_SECONDS, "while starting")
-        except (LearnerError, TimeoutError) as exc:
-            log = self._log.read_text(errors="replace")[-3000:]
-            raise RuntimeError(f"the sandbox worker failed to start ({exc}):\n{log}") from None
-        if ready.get("environment"):
-            self._kill()
-            raise EnvironmentProblem(
-                f"the Python environment does not work inside the sandbox: the worker "
-                f"{ready['environment']} (it imports from {', '.join(imports)}). Grade with a "
-                "Python installed where the sandbox can read it, or pass --no-isolation if you "
-                "trust the submissions")
-        if not ready.get("ready"):
-            raise RuntimeError("the sandbox worker did not start properly")
-        layers = ready.get("isolation")
-        if self.mode != "none" and isinstance(layers, list) and "(worker:" not in self.isolation:
-            self.isolation += f" (worker: {', '.join(str(x) for x in layers)})"
-
     def start(self) -> None:
         """Start the first worker and load the cells, before any test: a worker that cannot
         start in this environment (not the learner's doing, no learner code has run) raises
@@ -206,8 +104,16 @@ class SandboxLearner(GraderSideTrace):
         except LearnerError:
             pass   # the budget ran out while loading the cells: the tests say so
 
+    def _spawn(self) -> None:
+        from autograder.rules.plugin import REGISTRY
+        forbid = sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})
+        self.worker.start(self.memory_limit_mb, forbid)
+        self._handles.clear()
+        if self.mode != "none" and self.worker.isolation and "(worker:" not in self.isolation:
+            self.isolation += f" (worker: {', '.join(self.worker.isolation)})"
+
     def _ensure_worker(self) -> None:
-        while self._proc is None:
+        while not self.worker.running:
             if self._spent >= self.budget:
                 raise LearnerError(f"time budget exhausted ({self.budget:g} s for the whole "
                                    "submission): this test was not run")
@@ -231,62 +137,19 @@ class SandboxLearner(GraderSideTrace):
                     self._request({"op": "exec", "grade_id": grade_id, "source": source})
                 except LearnerError as exc:
                     self.cell_errors[grade_id] = str(exc)
-                    if self._proc is None:
+                    if not self.worker.running:
                         break  # the worker died: start again without this cell
-
-    def _kill(self) -> None:
-        if self._proc is not None:
-            try:
-                os.killpg(self._proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            if self.uid is not None:
-                kill_user(self.uid)
-            self._proc.wait()
-            os.close(self._write), os.close(self._read)
-            self._proc = None
-
-    def _crashed(self, what: str) -> LearnerError:
-        """Error for a worker that closed its pipe (killed if still running after 2 s)."""
-        try:
-            cause = f"the worker exited with code {self._proc.wait(timeout=2)}"
-        except subprocess.TimeoutExpired:
-            cause = "it closed the grader's pipe"
-        self._kill()
-        return LearnerError(f"crashed {what} ({cause})")
 
     def close(self) -> None:
         """Stop the worker, delete its working directory and whatever its user left behind."""
-        self._kill()
+        self.worker.kill()
         LIVE.discard(self)
         shutil.rmtree(self._workdir, ignore_errors=True)
-        shutil.rmtree(self._log.parent, ignore_errors=True)
+        shutil.rmtree(self.worker.log.parent, ignore_errors=True)
         if self.uid is not None and self.mode == "user":
             delete_leftovers(self.uid)
 
-    # -- one request -------------------------------------------------------------------------
-    def _exchange(self, request: dict | None, deadline: float, what: str) -> dict:
-        """Send ``request`` (if any) and return the worker's final reply, answering the proxy
-        requests that come first. Every read and write ends at ``deadline``."""
-        try:
-            if request is not None:
-                write_message(self._write, request, deadline)
-            while True:
-                reply = read_message(self._read, deadline)
-                if not isinstance(reply, dict):
-                    raise ProtocolError("reply is not a dict")
-                if reply.get("op") != "remote":
-                    return reply
-                write_message(self._write, self.store.handle(reply), deadline)
-        except TimeoutError:
-            self._kill()
-            raise
-        except (EOFError, OSError):
-            raise self._crashed(what) from None
-        except ProtocolError as exc:
-            self._kill()
-            raise LearnerError(f"the sandbox sent back garbage {what}: {exc}") from None
-
+    # -- one request, within the time limits ---------------------------------------------------
     def _request(self, request: dict) -> Any:
         left = self.budget - self._spent
         if left <= 0:
@@ -294,10 +157,11 @@ class SandboxLearner(GraderSideTrace):
                                "submission): this test was not run")
         limit = self.timeout if self.exercise is None or self.exercise.timeout is None \
             else self.exercise.timeout
-        self._take_log()
+        self.worker.take_log()
         start = time.monotonic()
         try:
-            reply = self._exchange(request, start + min(limit, left), "while running your code")
+            reply = self.worker.exchange(request, start + min(limit, left),
+                                         "while running your code", self.store.handle)
         except TimeoutError:
             if left < limit:
                 raise LearnerError(f"time budget exhausted ({self.budget:g} s for the whole "
@@ -305,26 +169,14 @@ class SandboxLearner(GraderSideTrace):
             raise LearnerError(f"timed out after {limit:g} s — an infinite loop?") from None
         finally:
             self._spent += time.monotonic() - start
-            self._take_log()
+            self.worker.take_log()
         if not reply.get("ok"):
             raise LearnerError(str(reply.get("error", "unknown error"))[:2000])
         return from_wire(reply.get("value"))
 
-    def _take_log(self) -> None:
-        try:
-            with open(self._log, "rb+") as log:
-                text = log.read(OUTPUT_LIMIT + 1).decode("utf-8", errors="replace")
-                log.truncate(0)
-        except OSError:
-            return
-        if text:
-            self._output.append(text[:OUTPUT_LIMIT] + ("\n… (output truncated)"
-                                                       if len(text) > OUTPUT_LIMIT else ""))
-
     def take_output(self) -> str:
         """The learner's stdout/stderr since the last ``take_output()`` (truncated)."""
-        text, self._output = "".join(self._output), []
-        return text[:2 * OUTPUT_LIMIT]
+        return self.worker.take_output()
 
     def _call(self, request: dict) -> Any:
         self._ensure_worker()

@@ -1,0 +1,24 @@
+"""The process boundary: learner code runs in a confined worker process; the grader talks to it
+through pipes and keeps everything a verdict rests on.
+
+Worker side (runs in the learner's process; imports only the standard library, torch, numpy,
+triton and the other modules of this side or of the wire, never ``reference``, never
+``autograder.rules`` or the front-ends: ``tests/test_autograder_structure.py``):
+
+- ``worker``     the request loop: runs the cells, calls the learner's functions and kernels
+- ``confine``    namespaced mounts, the unprivileged user, Landlock (before learner code runs)
+- ``guard``      forbidden functions made to raise while their exercise is graded
+- ``proxies``    the learner's stand-ins for the grader's models and caches
+- ``launching``  a Triton kernel launched on the grader's CPU tensors (interpreted or on a GPU)
+- ``causes``     a learner exception as the one-line cause a failed test shows
+
+The wire (both sides): ``protocol`` (length-prefixed ``torch.save`` messages, read with
+``weights_only``), ``refs`` (markers and handles, and the plain data they travel as).
+
+Grader side (may import the wire, ``reference`` and ``autograder.rules``):
+
+- ``sandbox``    ``SandboxLearner``, the learner API the grader tests use, with time limits
+- ``process``    one worker process: start, exchange a request under a deadline, kill
+- ``isolation``  which sandbox this machine allows, what the worker must see and not see
+- ``store``      the reference models and caches that answer the proxies
+"""

@@ -1,0 +1,87 @@
+"""Learner side of forbidden functions: ``Guard`` replaces each function an exercise forbids
+(under every name it has in ``torch``, ``torch.nn.functional`` and ``torch._C._nn``; a method
+such as ``torch.Tensor.softmax`` on its class) by a wrapper that raises
+``ForbiddenFunctionError`` while an exercise that forbids it is being graded. In the sandbox the
+guard is installed before any learner cell runs, so aliases taken by a cell are guarded too.
+The static look at a cell's source is grader side: ``autograder.rules.forbid``.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import importlib
+from typing import Any, Iterable, Iterator
+
+SEARCHED = ("torch", "torch.nn.functional", "torch._C._nn", "torch.functional", "torch.special")
+
+
+class ForbiddenFunctionError(RuntimeError):
+    """Learner code called a function its exercise forbids."""
+
+
+def _owner(dotted: str) -> tuple[Any, str]:
+    """(object holding the function, its attribute name): a module, or a class such as
+    ``torch.Tensor`` for a method (``"torch.Tensor.softmax"``)."""
+    parent, _, attr = dotted.rpartition(".")
+    module, _, cls = parent.rpartition(".")
+    if cls[:1].isupper():
+        return getattr(importlib.import_module(module), cls), attr
+    return importlib.import_module(parent), attr
+
+
+def _resolve(dotted: str) -> Any:
+    owner, attr = _owner(dotted)
+    return getattr(owner, attr)
+
+
+class Guard:
+    """Wraps each function of ``names`` (dotted paths); ``active`` is the set that raises now."""
+
+    def __init__(self, names: Iterable[str]):
+        self.names = sorted(set(names))
+        self.active: frozenset[str] = frozenset()
+        self._patches: list[tuple[Any, str, Any]] = []
+
+    def install(self) -> "Guard":
+        for name in self.names:
+            original = _resolve(name)
+            wrapper = self._wrapper(name, original)
+            owner, attr = _owner(name)
+            if isinstance(owner, type):  # a method: patched on its class (x.softmax(-1))
+                setattr(owner, attr, wrapper)
+                self._patches.append((owner, attr, original))
+                continue
+            if getattr(owner, attr) is original and owner.__name__ not in SEARCHED:
+                setattr(owner, attr, wrapper)   # where it lives (torch.nn.attention.flex_attention)
+                self._patches.append((owner, attr, original))
+            for module_name in SEARCHED:
+                module = importlib.import_module(module_name)
+                for attr, value in list(vars(module).items()):
+                    if value is original:
+                        setattr(module, attr, wrapper)
+                        self._patches.append((module, attr, original))
+        return self
+
+    def uninstall(self) -> None:
+        for module, attr, original in reversed(self._patches):
+            setattr(module, attr, original)
+        self._patches.clear()
+
+    def _wrapper(self, name: str, original: Any):
+        @functools.wraps(original)
+        def guarded(*args, **kwargs):
+            if name in self.active:
+                raise ForbiddenFunctionError(
+                    f"`{name}` is forbidden in this exercise: the grader forbids it so that you "
+                    "write the computation yourself")
+            return original(*args, **kwargs)
+        return guarded
+
+    @contextlib.contextmanager
+    def forbidding(self, names: Iterable[str]) -> Iterator[None]:
+        """Make ``names`` raise inside the block."""
+        before, self.active = self.active, frozenset(names) & frozenset(self.names)
+        try:
+            yield
+        finally:
+            self.active = before

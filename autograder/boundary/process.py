@@ -1,0 +1,193 @@
+"""Grader side: one sandbox worker process, its pipes and its output log.
+
+``WorkerProcess.start`` launches ``python -s -m autograder.boundary.worker CONFIG`` confined as
+the mode asks (``autograder.boundary.isolation.choose_mode``) and waits for it to say it is
+ready; ``exchange`` sends one request and returns the final reply, answering the proxies'
+requests that come first; every read and write ends at a deadline. ``kill`` stops the process
+group and every process of the sandbox user.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from autograder.boundary.causes import LearnerError
+from autograder.boundary.isolation import (UNSHARE, SandboxUnavailable, hidden_dirs, import_dirs,
+                                           kill_user, outermost, readable_dirs)
+from autograder.boundary.protocol import ProtocolError, read_message, write_message
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+ENV_KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
+OUTPUT_LIMIT = 4000
+STARTUP_SECONDS = 120
+MAX_PROCESSES = 128
+# Imported by the worker once confined, before any learner code (those the grader can import):
+# the standard library, torch and its lazily loaded parts, numpy, triton.
+STARTUP_IMPORTS = ("math", "sysconfig", "json", "numpy", "torch", "torch.nn.functional",
+                   "torch.utils.serialization", "torch.utils.data", "triton", "triton.language")
+
+
+class EnvironmentProblem(SandboxUnavailable):
+    """The sandbox worker cannot import what learner code needs (grading refused)."""
+
+
+def importable(name: str) -> bool:
+    """Whether this (the grader's) interpreter can import ``name``."""
+    import importlib.util
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+class WorkerProcess:
+    """The worker of one submission, in ``mode`` (``namespaces``, ``user`` or ``none``) as
+    ``uid`` (``None``: the grader's own), working in ``workdir``, its output going to ``log``.
+    ``isolation`` lists what the worker reported it set up (after ``start``)."""
+
+    def __init__(self, mode: str, uid: int | None, workdir: Path, log: Path, hide: list[str]):
+        self.mode, self.uid, self.workdir, self.log, self.hide = mode, uid, workdir, log, hide
+        self.proc: subprocess.Popen | None = None
+        self.memory_mb = 0
+        self.isolation: list[str] = []
+        self._output: list[str] = []
+
+    @property
+    def running(self) -> bool:
+        return self.proc is not None
+
+    def start(self, memory_mb: int, forbid: list[str]) -> None:
+        """Start the worker under ``memory_mb`` with the functions ``forbid`` guarded, and wait
+        until it is ready. ``EnvironmentProblem`` when it cannot import what learner code needs,
+        ``RuntimeError`` when it does not start."""
+        import torch
+        worker_in, grader_out = os.pipe()
+        grader_in, worker_out = os.pipe()
+        log = open(self.log, "ab", buffering=0)
+        if self.uid is not None:
+            os.chown(self.workdir, self.uid, self.uid)
+        cuda = torch.cuda.is_available()
+        hide = hidden_dirs(self.hide, self.workdir) if self.mode != "none" else []
+        imports = import_dirs(exclude=hide + [str(PACKAGE_ROOT / "autograder"),
+                                              str(PACKAGE_ROOT / "reference")])
+        self.memory_mb = memory_mb
+        config = {"in": worker_in, "out": worker_out, "memory_mb": memory_mb,
+                  "memory_limit": "data" if cuda or torch.version.cuda else "as",
+                  "lockdown": self.mode == "namespaces",
+                  "hide": hide, "restore": outermost(imports),
+                  "uid": self.uid, "keep_read": not readable_dirs(imports),
+                  "check_imports": [m for m in STARTUP_IMPORTS if importable(m)],
+                  "tmp": str(self.workdir), "max_processes": MAX_PROCESSES, "forbid": forbid}
+        command = [sys.executable, "-s", "-m", "autograder.boundary.worker", json.dumps(config)]
+        if self.mode == "namespaces":
+            command = UNSHARE + command
+        try:
+            self.proc = subprocess.Popen(
+                command, pass_fds=(worker_in, worker_out), stdin=subprocess.DEVNULL,
+                stdout=log, stderr=log, cwd=self.workdir, env=worker_environment(imports, cuda),
+                start_new_session=True)
+        finally:
+            os.close(worker_in), os.close(worker_out), log.close()
+        self._write, self._read = grader_out, grader_in
+        os.set_blocking(self._write, False), os.set_blocking(self._read, False)
+        try:
+            ready = self.exchange(None, time.monotonic() + STARTUP_SECONDS, "while starting")
+        except (LearnerError, TimeoutError) as exc:
+            log_text = self.log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"the sandbox worker failed to start ({exc}):\n{log_text}") from None
+        if ready.get("environment"):
+            self.kill()
+            raise EnvironmentProblem(
+                f"the Python environment does not work inside the sandbox: the worker "
+                f"{ready['environment']} (it imports from {', '.join(imports)}). Grade with a "
+                "Python installed where the sandbox can read it, or pass --no-isolation if you "
+                "trust the submissions")
+        if not ready.get("ready"):
+            raise RuntimeError("the sandbox worker did not start properly")
+        layers = ready.get("isolation")
+        self.isolation = [str(x) for x in layers] if isinstance(layers, list) else []
+
+    def exchange(self, request: dict | None, deadline: float, what: str,
+                 answer: Callable[[dict], dict] | None = None) -> dict:
+        """Send ``request`` (if any) and return the worker's final reply; the proxies' requests
+        that come first (``op: remote``) are answered by ``answer``. Every read and write ends at
+        ``deadline`` (``TimeoutError``, the worker killed); a crash or garbage is a
+        ``LearnerError`` naming ``what`` the worker was doing."""
+        try:
+            if request is not None:
+                write_message(self._write, request, deadline)
+            while True:
+                reply = read_message(self._read, deadline)
+                if not isinstance(reply, dict):
+                    raise ProtocolError("reply is not a dict")
+                if reply.get("op") != "remote" or answer is None:
+                    return reply
+                write_message(self._write, answer(reply), deadline)
+        except TimeoutError:
+            self.kill()
+            raise
+        except (EOFError, OSError):
+            raise self._crashed(what) from None
+        except ProtocolError as exc:
+            self.kill()
+            raise LearnerError(f"the sandbox sent back garbage {what}: {exc}") from None
+
+    def kill(self) -> None:
+        """Kill the worker's process group and every process of its user; close the pipes."""
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            if self.uid is not None:
+                kill_user(self.uid)
+            self.proc.wait()
+            os.close(self._write), os.close(self._read)
+            self.proc = None
+
+    def _crashed(self, what: str) -> LearnerError:
+        """Error for a worker that closed its pipe (killed if still running after 2 s)."""
+        try:
+            cause = f"the worker exited with code {self.proc.wait(timeout=2)}"
+        except subprocess.TimeoutExpired:
+            cause = "it closed the grader's pipe"
+        self.kill()
+        return LearnerError(f"crashed {what} ({cause})")
+
+    def take_log(self) -> None:
+        """Move what the worker printed since the last call into the output kept for the report."""
+        try:
+            with open(self.log, "rb+") as log:
+                text = log.read(OUTPUT_LIMIT + 1).decode("utf-8", errors="replace")
+                log.truncate(0)
+        except OSError:
+            return
+        if text:
+            self._output.append(text[:OUTPUT_LIMIT] + ("\n… (output truncated)"
+                                                       if len(text) > OUTPUT_LIMIT else ""))
+
+    def take_output(self) -> str:
+        """The learner's stdout/stderr since the last ``take_output()`` (truncated)."""
+        text, self._output = "".join(self._output), []
+        return text[:2 * OUTPUT_LIMIT]
+
+
+def worker_environment(imports: list[str], cuda: bool) -> dict[str, str]:
+    """The worker's environment: a few variables of the grader's, and the grader's own
+    ``sys.path`` (user site, ``.pth`` and editable paths) among ``imports`` although the worker
+    runs with ``-s``: it imports from where the grader does."""
+    env = {k: os.environ[k] for k in ENV_KEPT if k in os.environ}
+    on_path = [str(Path(p).resolve()) for p in sys.path if p and os.path.isabs(p)]
+    python_path = [str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")]),
+                   *(p for p in on_path if p in imports)]
+    env.update(PYTHONPATH=os.pathsep.join(python_path), AUTOGRADER_ROOT=str(PACKAGE_ROOT),
+               PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(min(4, os.cpu_count() or 1)))
+    if not cuda:
+        env["TRITON_INTERPRET"] = "1"
+    return env
