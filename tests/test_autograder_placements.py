@@ -6,7 +6,12 @@ and instructors' environments are (issue 15), and a hostile cell still gets 0 th
 - a readable venv inside a 0700 directory, and one readable by all over an interpreter that may
   not be (pyenv under /root: the unprivileged user needs to read its standard library),
 - a venv inside the repository (the repository is hidden from the worker, the venv is not),
-- torch found only in user site-packages (``PYTHONUSERBASE``; the worker runs with ``-s``).
+- torch found only in user site-packages (``PYTHONUSERBASE``; the worker runs with ``-s``),
+- and without CAP_SYS_ADMIN (no namespaces: the unprivileged user and Landlock).
+
+In each, two more copies of the course (solutions included, readable by every user) sit in the
+home directory and beside this checkout while the hostile cell tries to read them: the worker
+sees only the directories Python imports from, the system's, and its private temporary one.
 
 An environment the sandbox cannot show is refused at start (exit 3, results.json says why),
 never graded as zeros. The venvs are ``tests/placement.py``'s: links to this interpreter's
@@ -32,16 +37,18 @@ FULL, HOSTILE_MAX = 8, 6   # the hostile notebook loses naive_work's 2 points
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="an unprivileged user to drop to")
 
 
-def hostile_cell(prefix: Path, planted: Path) -> str:
+def hostile_cell(prefix: Path, planted: Path, copies: list[Path]) -> str:
     """naive_work, right only if an attack on the environment worked: plant a module in the
-    venv's site-packages (the next grader would run it), read the reference, import it."""
+    venv's site-packages (the next grader would run it), read the reference, import it, read
+    the solutions of another copy of the course on the machine."""
     return f'''import os, sys, glob
 
 def naive_work(prompt_len, n_new):
     worked = False
     for attack in (lambda: open({str(planted)!r}, "w").write("import os"),
                    lambda: open({str(ROOT / "reference" / "model.py")!r}).read(),
-                   lambda: __import__("reference.model")):
+                   lambda: __import__("reference.model"),
+                   *(lambda path=path: open(path).read() for path in {[str(c) for c in copies]!r})):
         try:
             attack()
             worked = True
@@ -53,12 +60,12 @@ def naive_work(prompt_len, n_new):
 '''
 
 
-def grade(python: Path, folder: Path, env: dict | None = None) -> tuple[subprocess.CompletedProcess,
-                                                                          dict[str, dict]]:
-    """``python -m autograder grade folder --json out`` from the repository; the results by
-    notebook stem."""
+def grade(python: Path, folder: Path, env: dict | None = None, wrap: tuple[str, ...] = ()
+          ) -> tuple[subprocess.CompletedProcess, dict[str, dict]]:
+    """``python -m autograder grade folder --json out`` from the repository (run by ``wrap``,
+    e.g. ``setpriv``, when given); the results by notebook stem."""
     out = folder.parent / f"{folder.name}-out"
-    run = subprocess.run([str(python), "-m", "autograder", "grade", str(folder), "--seed", "3",
+    run = subprocess.run([*wrap, str(python), "-m", "autograder", "grade", str(folder), "--seed", "3",
                           "--json", str(out)], cwd=ROOT, capture_output=True, text=True,
                          timeout=300, env={**os.environ, **(env or {})})
     results = {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")} \
@@ -66,21 +73,49 @@ def grade(python: Path, folder: Path, env: dict | None = None) -> tuple[subproce
     return run, results
 
 
-def submissions(folder: Path, prefix: Path) -> Path:
-    """``folder`` with the solution notebook and a hostile one (naive_work attacks ``prefix``)."""
+def second_checkouts(tag: str) -> list[Path]:
+    """The chapter's solutions in two more copies of the course, readable by every user: one in
+    the home directory, one beside this checkout (an instructor's other clones). Outside /tmp,
+    which the namespaces sandbox replaces anyway."""
+    source = ROOT / "autograder" / "solutions" / f"{CHAPTER}.py"
+    copies = []
+    for base in (Path.home(), ROOT.parent):
+        target = base / f"course-copy-{tag}" / "autograder" / "solutions" / source.name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        for folder in (target.parent, target.parent.parent, target.parent.parent.parent):
+            folder.chmod(0o755)
+        shutil.copy(source, target)
+        target.chmod(0o644)
+        copies.append(target)
+    return copies
+
+
+def submissions(folder: Path, prefix: Path, copies: list[Path] = ()) -> Path:
+    """``folder`` with the solution notebook and a hostile one (naive_work attacks ``prefix``
+    and reads ``copies``)."""
     folder.mkdir(parents=True)
     nb = source_notebook(CHAPTER)
     (folder / "solution.ipynb").write_text(json.dumps(nb))
     planted = venv_site_packages(prefix) / "planted_by_learner.py"
     for cell in nb["cells"]:
         if cell["metadata"].get("nbgrader", {}).get("grade_id") == "naive_work":
-            cell["source"] = hostile_cell(prefix, planted)
+            cell["source"] = hostile_cell(prefix, planted, list(copies))
     (folder / "hostile.ipynb").write_text(json.dumps(nb))
     return folder
 
 
-def check_placement(python: Path, prefix: Path, folder: Path, env: dict | None = None) -> None:
-    run, results = grade(python, submissions(folder, prefix), env)
+def check_placement(python: Path, prefix: Path, folder: Path, env: dict | None = None,
+                    wrap: tuple[str, ...] = ()) -> None:
+    """The solution scores full, the hostile notebook gains nothing from its attacks: no module
+    planted in the environment, no reference read or imported, no other copy of the course
+    read (two of them placed on the machine for the run)."""
+    tag = f"{os.getpid()}-{folder.parent.name}"
+    copies = second_checkouts(tag)
+    try:
+        run, results = grade(python, submissions(folder, prefix, copies), env, wrap)
+    finally:
+        for copy in copies:
+            shutil.rmtree(copy.parents[2], ignore_errors=True)
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert results["solution"]["score"] == FULL, results["solution"]["output"][-3000:]
     hostile = results["hostile"]
@@ -103,6 +138,19 @@ def test_venv_in_a_private_directory(tmp_path):
     private.mkdir(mode=0o700)
     python = linked_venv(private / "venv")
     check_placement(python, private / "venv", tmp_path / "subs")
+
+
+@ROOT_ONLY
+@pytest.mark.skipif(shutil.which("setpriv") is None, reason="setpriv drops CAP_SYS_ADMIN")
+def test_venv_in_a_private_directory_without_namespaces(tmp_path):
+    """The ``user`` sandbox (no CAP_SYS_ADMIN, so no namespaces: Landlock instead): reads only
+    where Python imports from, although the worker keeps CAP_DAC_READ_SEARCH to read a Python
+    under a 0700 directory; the other copies of the course stay out of reach."""
+    private = tmp_path / "home"
+    private.mkdir(mode=0o700)
+    python = linked_venv(private / "venv")
+    check_placement(python, private / "venv", tmp_path / "subs",
+                    wrap=("setpriv", "--bounding-set=-sys_admin", "--"))
 
 
 @ROOT_ONLY

@@ -404,3 +404,28 @@ def test_a_kernel_source_without_its_imports_uses_the_usual_names():
     from autograder.rules.kernel_rules import cell_problem
     kernel_only = KERNEL_HEAD.split("\n\n\n", 1)[1] + "    tl.store(out_ptr + offsets, x)\n"
     assert cell_problem(kernel_only, "kern") is None
+
+
+def test_what_the_worker_is_shown_and_what_is_masked(tmp_path):
+    """The allow-list: masking ``readable_cover(shown)`` leaves exactly the shown folders (and
+    the folders on the way to them) readable; ``readable`` carves a hidden folder out of a
+    shown one, for Landlock's read rules."""
+    from autograder.boundary.confine import readable, readable_cover
+    for path in ("home/a/venv/lib", "home/a/course/autograder/solutions", "home/b", "srv/x",
+                 "usr/lib"):
+        (tmp_path / path).mkdir(parents=True)
+    (tmp_path / "home/a/secret.txt").write_text("token")
+    shown = [str(tmp_path / "home/a/venv"), str(tmp_path / "usr")]
+    masked = set(readable_cover(shown, str(tmp_path)))
+    assert masked == {str(tmp_path / p) for p in ("home/a/course", "home/a/secret.txt", "home/b",
+                                                  "srv")}
+    carved = set(readable([str(tmp_path / "home/a")], [str(tmp_path / "home/a/course")]))
+    assert carved == {str(tmp_path / "home/a/venv"), str(tmp_path / "home/a/secret.txt")}
+    assert readable([str(tmp_path / "srv")], []) == [str(tmp_path / "srv")]
+
+
+def test_the_worker_is_shown_python_and_the_system_only():
+    from autograder.boundary.isolation import import_dirs, shown_dirs
+    shown = shown_dirs(import_dirs(exclude=[]))
+    assert "/usr" in shown and not any(d in shown for d in ("/", "/root", "/home", "/tmp", "/work"))
+    assert all(not (a != b and b.startswith(a + "/")) for a in shown for b in shown)

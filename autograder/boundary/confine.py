@@ -41,16 +41,25 @@ def _read_only(path: bytes, what: str) -> None:
                         ctypes.sizeof(attr)), what)
 
 
-def lock_down(hide: list[str], restore: list[str] = ()) -> str:
-    """Inside a new mount namespace: hide ``hide`` under empty read-only tmpfs mounts, make
-    every mount read-only, mount a fresh writable tmpfs on /tmp, then bind the directories of
+def lock_down(show: list[str], hide: list[str], restore: list[str] = ()) -> str:
+    """Inside a new mount namespace, show only ``show`` (and the directories leading to them):
+    every other directory is masked by an empty read-only tmpfs and every other file by
+    /dev/null (``readable_cover(show)``: the siblings of each directory on the way from / down
+    to a shown one); ``hide`` (directories inside shown ones) is masked too. Then make every
+    mount read-only, mount a fresh writable tmpfs on /tmp, and bind the directories of
     ``restore`` that were under /tmp (a Python environment there) back at the same paths,
-    read-only (recursive binds: a hidden directory inside one stays hidden). Returns the private
-    temp dir."""
+    read-only (recursive binds: a masked directory inside one stays masked). Returns the
+    private temp dir."""
     flags = MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC
-    for path in hide:
-        _check(LIBC.mount(b"none", path.encode(), b"tmpfs", flags, b"size=4k,mode=0555"),
-               f"mount tmpfs over {path}")
+    for path in [*readable_cover(show), *hide]:
+        if os.path.islink(path):
+            continue    # mount would follow it: its target is masked or shown on its own
+        if os.path.isdir(path):
+            _check(LIBC.mount(b"none", path.encode(), b"tmpfs", flags, b"size=4k,mode=0555"),
+                   f"mount tmpfs over {path}")
+        elif os.path.isfile(path):
+            _check(LIBC.mount(b"/dev/null", path.encode(), None, MS_BIND, None),
+                   f"mask {path}")
     _read_only(b"/", "make / read-only")
     under_tmp = [p for p in restore if Path(p).is_relative_to("/tmp") and p != "/tmp"]
     held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in under_tmp}
@@ -101,9 +110,9 @@ def landlock_abi() -> int:
     return max(0, LIBC.syscall(LANDLOCK_CREATE_RULESET, None, 0, 1))
 
 
-def readable_cover(hidden: list[str]) -> list[str]:
-    """Paths whose subtrees together hold every file except those under ``hidden``: the
-    siblings of each directory on the way from / down to a hidden one."""
+def readable_cover(hidden: list[str], top: str = "/") -> list[str]:
+    """Paths whose subtrees together hold every file beneath ``top`` except those under
+    ``hidden``: the siblings of each directory on the way from ``top`` down to a hidden one."""
     hidden_paths = [Path(h) for h in hidden]
     cover: list[str] = []
 
@@ -120,26 +129,34 @@ def readable_cover(hidden: list[str]) -> list[str]:
                 walk(path)
             else:
                 cover.append(str(path))
-    if hidden_paths:
-        walk(Path("/"))
+    if any(Path(top) in h.parents for h in hidden_paths):
+        walk(Path(top))
+    elif Path(top) not in hidden_paths:
+        cover.append(top)
     return cover
 
 
-def landlock(tmp: str, hidden: list[str]) -> bool:
+def readable(show: list[str], hide: list[str]) -> list[str]:
+    """The subtrees the worker may read: ``show`` without what ``hide`` masks inside them."""
+    return [p for top in show for p in readable_cover(hide, top)]
+
+
+def landlock(tmp: str, readable_dirs: list[str] | None) -> bool:
     """With Landlock: creating, changing or deleting files only beneath ``tmp`` (and writing to
-    existing devices, e.g. /dev/null), and no reading under ``hidden``, whatever the file
-    permissions say. Returns False when the kernel has no Landlock."""
+    existing devices, e.g. /dev/null); with ``readable_dirs`` (not ``None``), reading only
+    beneath those and ``tmp``, whatever the file permissions (or a kept CAP_DAC_READ_SEARCH)
+    say. Returns False when the kernel has no Landlock."""
     abi = landlock_abi()
     if abi == 0:
         return False
     writes = WRITE_FILE | MAKE_ALL | (REFER if abi >= 2 else 0) | (TRUNCATE if abi >= 3 else 0)
-    reads = READ_FILE | READ_DIR if hidden else 0
+    reads = READ_FILE | READ_DIR if readable_dirs is not None else 0
     attr = ctypes.c_uint64(writes | reads)
     ruleset = LIBC.syscall(LANDLOCK_CREATE_RULESET, ctypes.byref(attr), 8, 0)
     if ruleset < 0:
         return False
     rules = [(tmp, writes | reads), ("/dev", WRITE_FILE | (TRUNCATE if abi >= 3 else 0))]
-    rules += [(path, reads) for path in readable_cover(hidden)]
+    rules += [(path, reads) for path in readable_dirs or ()]
     try:
         for path, allowed in rules:
             try:

@@ -19,6 +19,11 @@ UNSHARE = ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "
            "--mount-proc"]
 UID_BASE = 1_200_000  # sandbox users: UID_BASE + grader pid (no account, no files)
 LEFTOVER_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+# Shown to the worker besides the directories Python imports from: shared libraries, the C
+# toolchain Triton builds its launcher with on a GPU machine, system configuration, devices and
+# the kernel's views. Nothing that holds users' files (/root, /home, /srv, /opt, /var, /work...).
+SYSTEM_DIRS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/dev",
+               "/proc", "/sys")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -98,6 +103,13 @@ def import_dirs(exclude: list[str]) -> list[str]:
             continue
         found.append(str(path))
     return found
+
+
+def shown_dirs(imports: list[str]) -> list[str]:
+    """Everything the worker may see of the machine (besides its private temporary directory):
+    ``imports`` and the ``SYSTEM_DIRS`` that exist, resolved, outermost only."""
+    system = [str(Path(d).resolve()) for d in SYSTEM_DIRS if os.path.isdir(d)]
+    return outermost([*imports, *system])
 
 
 def searched_dirs() -> list[str]:

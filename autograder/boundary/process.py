@@ -19,7 +19,7 @@ from typing import Callable
 
 from autograder.boundary.causes import LearnerError
 from autograder.boundary.isolation import (UNSHARE, SandboxUnavailable, hidden_dirs, import_dirs,
-                                           kill_user, outermost, readable_dirs)
+                                           kill_user, outermost, readable_dirs, shown_dirs)
 from autograder.boundary.protocol import ProtocolError, read_message, write_message
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -76,11 +76,12 @@ class WorkerProcess:
         hide = hidden_dirs(self.hide, self.workdir) if self.mode != "none" else []
         imports = import_dirs(exclude=hide + [str(PACKAGE_ROOT / "autograder"),
                                               str(PACKAGE_ROOT / "reference")])
+        show = shown_dirs(imports)
         self.memory_mb = memory_mb
         config = {"in": worker_in, "out": worker_out, "memory_mb": memory_mb,
                   "memory_limit": "data" if cuda or torch.version.cuda else "as",
                   "lockdown": self.mode == "namespaces",
-                  "hide": hide, "restore": outermost(imports),
+                  "show": show, "hide": hide, "restore": outermost(imports),
                   "uid": self.uid, "keep_read": not readable_dirs(imports),
                   "check_imports": [m for m in STARTUP_IMPORTS if importable(m)],
                   "tmp": str(self.workdir), "max_processes": MAX_PROCESSES, "forbid": forbid}

@@ -2,12 +2,13 @@
 
 Started by ``autograder.boundary.process`` as ``python -s -m autograder.boundary.worker CONFIG``.
 Trusted bootstrap (``confine``), in this order: import torch and the worker's own modules (never
-``reference``); with ``lockdown`` (root, inside ``unshare``'s new namespaces) hide the
-grader's directories under empty read-only tmpfs mounts, make every other mount read-only,
-mount a private ``/tmp`` and bind the Python environment's directories that were under /tmp
+``reference``); with ``lockdown`` (root, inside ``unshare``'s new namespaces) show only
+``show`` (the directories Python imports from and the system's: everything else, other
+checkouts and home directories included, masked by empty read-only mounts), mask ``hide`` too,
+make every mount read-only, mount a private ``/tmp`` and bind the Python environment's directories that were under /tmp
 back, read-only; with ``uid`` drop to that unprivileged user and group (all
 capabilities go) and set no_new_privs; with Landlock, allow writes only in the private
-temporary directory (and, without namespaces, no reads of the grader's directories); fork (the
+temporary directory (and, without namespaces, reads only beneath ``show``); fork (the
 parent only relays the exit status, so that killing "the parent" cannot reach the grader); set
 rlimits; install the forbidden-function guard; forget ``reference``/``autograder`` and block
 importing them; import what learner code may import (``check_imports``: on failure the worker
@@ -36,7 +37,7 @@ import torch
 from torch.nn import functional as F
 from torch import Tensor
 
-from autograder.boundary.confine import drop_privileges, landlock, lock_down
+from autograder.boundary.confine import drop_privileges, landlock, lock_down, readable
 from autograder.boundary.causes import describe
 from autograder.boundary.guard import Guard
 from autograder.boundary.launching import launch
@@ -213,7 +214,7 @@ def main(argv: list[str]) -> None:
     decode(encode({"ready": True})[8:])   # the protocol's own lazy imports, before confinement
     tmp, isolation = config["tmp"], []
     if config["lockdown"]:
-        tmp = lock_down(config["hide"], config.get("restore", []))
+        tmp = lock_down(config["show"], config["hide"], config.get("restore", []))
         isolation.append("namespaces")
     if config["uid"] is not None or config["lockdown"]:
         drop_privileges(config["uid"], config["keep_read"])
@@ -223,9 +224,10 @@ def main(argv: list[str]) -> None:
         os.mkdir(tmp, 0o700)
     os.chdir(tmp)
     os.environ.update(HOME=tmp, TMPDIR=tmp)
-    if config["uid"] is not None and landlock(tmp, [] if config["lockdown"] else config["hide"]):
+    shown = None if config["lockdown"] else readable(config["show"], config["hide"])
+    if config["uid"] is not None and landlock(tmp, shown):
         isolation.append("Landlock: writes only in its temporary directory"
-                         + ("" if config["lockdown"] else ", grader files unreadable"))
+                         + ("" if config["lockdown"] else ", reads only where Python imports from"))
     relay_exit_status()
     if os.environ.get("TRITON_INTERPRET") != "1" and not cuda_usable():
         os.environ["TRITON_INTERPRET"] = "1"   # the sandbox cannot reach the GPU: interpret kernels
