@@ -154,10 +154,39 @@ def test_forward_cost_counts_weights_once_and_kv_per_sequence():
     assert eight.flops == 8 * one.flops
 
 
+def test_counts_written_as_whole_floats_are_accepted():
+    assert rf.nbytes(70e9, "fp16") == 140 * 10**9
+    assert rf.standard_attention_traffic(4096.0, 128.0) == rf.standard_attention_traffic(4096, 128)
+    assert rf.matmul_cost(16.0, 8192, 8192) == rf.matmul_cost(16, 8192, 8192)
+    cfg = ModelConfig()
+    assert (rf.forward_cost(cfg, batch=8.0, new_tokens=1, context=4e3)
+            == rf.forward_cost(cfg, batch=8, new_tokens=1, context=4000))
+    with pytest.raises(TypeError, match="^batch must be a whole number, got 8.5"):
+        rf.forward_cost(cfg, batch=8.5, new_tokens=1)
+
+
+def test_the_other_calculators_accept_whole_floats_and_refuse_fractions():
+    from reference.calculators.batching_sim import pareto_workload, simulate_continuous
+    from reference.calculators.contiguous import ContiguousAllocator
+    from reference.calculators.flash_versions import pick_flash
+    from reference.calculators.fragmentation import PagedPool
+
+    assert ContiguousAllocator(64.0).num_slots == 64
+    assert PagedPool(64.0, 16.0).manager.num_blocks == 4
+    assert pick_flash("H100", False, 64.0) == pick_flash("H100", False, 64)
+    work = pareto_workload(5, seed=0)
+    assert (simulate_continuous(work, 4.0, 512.0).stats
+            == simulate_continuous(work, 4, 512).stats)
+    for call in (lambda: ContiguousAllocator(64.5), lambda: PagedPool(64, 16.5),
+                 lambda: simulate_continuous(work, 4.5), lambda: pick_flash("H100", False, 64.5)):
+        with pytest.raises(ValueError, match="whole number|head_dim"):
+            call()
+
+
 @pytest.mark.parametrize("call, error", [
     (lambda: rf.standard_attention_traffic(0, 64), ValueError),
     (lambda: rf.standard_attention_traffic(64, 64, "fp12"), ValueError),
-    (lambda: rf.standard_attention_traffic(64.0, 64), TypeError),
+    (lambda: rf.standard_attention_traffic(64.5, 64), TypeError),
     (lambda: rf.flash_attention_traffic(64, 64, "fp16", 0, 64), ValueError),
     (lambda: rf.attainable_flops(-1.0, 1e12, 1e9), ValueError),
     (lambda: rf.attainable_flops(1.0, 0.0, 1e9), ValueError),

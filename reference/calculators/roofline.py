@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.calculators.memory import BITS
+from reference.calculators.memory import BITS, whole_number
 
 
 def dtype_bits(dtype: str | torch.dtype) -> int:
@@ -32,16 +32,14 @@ def dtype_bits(dtype: str | torch.dtype) -> int:
 
 
 def nbytes(count: int, dtype: str | torch.dtype) -> int:
-    """Bytes taken by `count` elements of `dtype` (int4: half a byte each, rounded up)."""
-    return -(-count * dtype_bits(dtype) // 8)
+    """Bytes taken by `count` elements of `dtype` (int4: half a byte each, rounded up).
+    `count` may be written as a float holding a whole number (`70e9`)."""
+    return -(-whole_number("count", count) * dtype_bits(dtype) // 8)
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
+    """`value` as an int >= 1; whole-number floats (`4096.0`, `80e9`) are accepted."""
+    return whole_number(name, value, minimum=1)
 
 
 def _positive_number(name: str, value, *, allow_zero: bool = False) -> float:
@@ -177,8 +175,7 @@ def forward_cost(cfg, *, batch: int, new_tokens: int, context: int = 0,
     assumed to stay on chip, so this is the minimum traffic.
     """
     batch, new_tokens = _positive_int("batch", batch), _positive_int("new_tokens", new_tokens)
-    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-        raise ValueError(f"context must be an int >= 0, got {context!r}")
+    context = whole_number("context", context)
     kv_dtype = weight_dtype if kv_dtype is None else kv_dtype
     tokens = batch * new_tokens
     visible_keys = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per sequence, causal
