@@ -55,6 +55,39 @@ def test_bad_input_is_a_one_line_error(kwargs, error):
         kv_cache_bytes(**args)
 
 
+def test_sizes_written_as_whole_floats_are_accepted():
+    # Readers write `80e9` bytes and `32e3` tokens: a float holding a whole number is that number.
+    as_ints = dict(gpu_bytes=80 * 10**9, weight_bytes=16 * 10**9, per_token_bytes=131072,
+                   tokens_per_seq=32000, overhead_bytes=4 * 10**9)
+    as_floats = dict(gpu_bytes=80e9, weight_bytes=16e9, per_token_bytes=131072.0,
+                     tokens_per_seq=32e3, overhead_bytes=4e9)
+    got = max_concurrent_sequences(**as_floats)
+    assert got == max_concurrent_sequences(**as_ints) == 14 and type(got) is int
+    # 80.5e9 is 80,500,000,000: a whole number of bytes, so it is accepted too
+    assert max_concurrent_sequences(**(as_floats | dict(gpu_bytes=80.5e9))) == 14
+    b = kv_cache_bytes(layers=2.0, kv_heads=2, head_dim=8e0, tokens=4e3)
+    assert b == kv_cache_bytes(layers=2, kv_heads=2, head_dim=8, tokens=4000) and type(b) is int
+    assert mla_kv_bytes(layers=2, latent_dim=512.0, rope_dim=64, tokens=3) == 2 * 576 * 3 * 2
+    assert tensor_bytes(64, "int8", group_size=32.0) == 64 + 2 * 2
+
+
+@pytest.mark.parametrize("value, message", [
+    (80.5, "gpu_bytes must be a whole number, got 80.5"),
+    (1e9 + 0.5, "gpu_bytes must be a whole number"),
+    (float("inf"), "gpu_bytes must be a whole number, got inf"),
+    (float("nan"), "gpu_bytes must be a whole number, got nan"),
+    ("80e9", "gpu_bytes must be a whole number .* got str '80e9'"),
+    (True, "gpu_bytes must be a whole number, got the bool True")])
+def test_a_fractional_or_non_numeric_size_is_refused_by_name(value, message):
+    with pytest.raises(TypeError, match=f"^{message}") as info:
+        max_concurrent_sequences(gpu_bytes=value, weight_bytes=0, per_token_bytes=1,
+                                 tokens_per_seq=1)
+    assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="^gpu_bytes must be >= 0, got -80000000000$"):
+        max_concurrent_sequences(gpu_bytes=-80e9, weight_bytes=0, per_token_bytes=1,
+                                 tokens_per_seq=1)
+
+
 def test_unknown_model_lists_the_presets():
     with pytest.raises(ValueError, match="Llama 3.1 8B"):
         kv_cache_bytes_for("GPT-5", 100)

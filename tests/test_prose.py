@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from reference.bench.prose import (exercise_list, naive_growth_paragraph, pass_cost_sentence,
-                                   speedup_phrase, times_phrase, verification_sentence)
+from reference.bench.prose import (bound_phrase, exercise_list, naive_growth_paragraph, pass_cost_sentence,
+                                   shortfall_phrase, speedup_phrase, times_phrase,
+                                   verification_sentence)
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -122,3 +123,17 @@ def test_plural():
     from reference.bench.prose import plural
     assert plural(1, "thread") == "1 thread" and plural(2, "thread") == "2 threads"
     assert plural(0, "split") == "0 splits"
+
+
+def test_bound_phrase_follows_the_ridge():
+    assert bound_phrase(858.4, 295.3) == "compute-bound (858 FLOPs/byte, past the ridge at 295)"
+    assert bound_phrase(7.98, 295.3) == "memory-bound (8.0 FLOPs/byte, below the ridge at 295)"
+    assert bound_phrase(295.0, 295.3).startswith("memory-bound")
+    with pytest.raises(ValueError):
+        bound_phrase(1.0, 0.0)
+
+
+@pytest.mark.parametrize("estimate, actual, expected", [
+    (470.0, 564.0, "17% short"), (105.0, 100.0, "5% long"), (99.5, 100.0, "within 1%")])
+def test_shortfall_phrase(estimate, actual, expected):
+    assert shortfall_phrase(estimate, actual) == expected

@@ -154,10 +154,39 @@ def test_forward_cost_counts_weights_once_and_kv_per_sequence():
     assert eight.flops == 8 * one.flops
 
 
+def test_counts_written_as_whole_floats_are_accepted():
+    assert rf.nbytes(70e9, "fp16") == 140 * 10**9
+    assert rf.standard_attention_traffic(4096.0, 128.0) == rf.standard_attention_traffic(4096, 128)
+    assert rf.matmul_cost(16.0, 8192, 8192) == rf.matmul_cost(16, 8192, 8192)
+    cfg = ModelConfig()
+    assert (rf.forward_cost(cfg, batch=8.0, new_tokens=1, context=4e3)
+            == rf.forward_cost(cfg, batch=8, new_tokens=1, context=4000))
+    with pytest.raises(TypeError, match="^batch must be a whole number, got 8.5"):
+        rf.forward_cost(cfg, batch=8.5, new_tokens=1)
+
+
+def test_the_other_calculators_accept_whole_floats_and_refuse_fractions():
+    from reference.calculators.batching_sim import pareto_workload, simulate_continuous
+    from reference.calculators.contiguous import ContiguousAllocator
+    from reference.calculators.flash_versions import pick_flash
+    from reference.calculators.fragmentation import PagedPool
+
+    assert ContiguousAllocator(64.0).num_slots == 64
+    assert PagedPool(64.0, 16.0).manager.num_blocks == 4
+    assert pick_flash("H100", False, 64.0) == pick_flash("H100", False, 64)
+    work = pareto_workload(5, seed=0)
+    assert (simulate_continuous(work, 4.0, 512.0).stats
+            == simulate_continuous(work, 4, 512).stats)
+    for call in (lambda: ContiguousAllocator(64.5), lambda: PagedPool(64, 16.5),
+                 lambda: simulate_continuous(work, 4.5), lambda: pick_flash("H100", False, 64.5)):
+        with pytest.raises(ValueError, match="whole number|head_dim"):
+            call()
+
+
 @pytest.mark.parametrize("call, error", [
     (lambda: rf.standard_attention_traffic(0, 64), ValueError),
     (lambda: rf.standard_attention_traffic(64, 64, "fp12"), ValueError),
-    (lambda: rf.standard_attention_traffic(64.0, 64), TypeError),
+    (lambda: rf.standard_attention_traffic(64.5, 64), TypeError),
     (lambda: rf.flash_attention_traffic(64, 64, "fp16", 0, 64), ValueError),
     (lambda: rf.attainable_flops(-1.0, 1e12, 1e9), ValueError),
     (lambda: rf.attainable_flops(1.0, 0.0, 1e9), ValueError),
@@ -165,6 +194,10 @@ def test_forward_cost_counts_weights_once_and_kv_per_sequence():
     (lambda: rf.arithmetic_intensity(1.0, 0), ValueError),
     (lambda: rf.decode_floor_seconds(1e9, float("inf")), ValueError),
     (lambda: rf.forward_cost(ModelConfig(), batch=0, new_tokens=1), ValueError),
+    (lambda: rf.decode_step_kernels(ModelConfig(), batch=0, context=8), ValueError),
+    (lambda: rf.decode_step_kernels(ModelConfig(), batch=2, context=-1), ValueError),
+    (lambda: rf.step_seconds(rf.decode_step_kernels(ModelConfig(), batch=1, context=1), 0, 1),
+     ValueError),
     (lambda: measure_machine(seconds=0), ValueError),
 ])
 def test_bad_input_gets_a_one_line_error(call, error):
@@ -198,3 +231,82 @@ def test_measure_machine_on_a_gpu_returns_positive_finite_ceilings():
     assert machine.device == "cuda" and machine.matmul_dtype == "bfloat16"
     for value in (machine.copy_bandwidth, machine.matmul_flops, machine.ridge):
         assert math.isfinite(value) and value > 0
+
+
+# ------------------------------------------------------ a decode step, kernel by kernel
+
+SMALL = ModelConfig(vocab_size=4, d_model=2, n_layers=1, n_heads=2, n_kv_heads=1, head_dim=1,
+                    d_ff=3, max_seq_len=16)
+LLAMA_70B = ModelConfig(vocab_size=128256, d_model=8192, n_layers=80, n_heads=64, n_kv_heads=8,
+                        head_dim=128, d_ff=28672, rope_base=500000.0, max_seq_len=131072)
+
+
+def test_decode_step_kernels_by_hand():
+    # d=2, 2 query heads and 1 K/V head of 1, d_ff=3, vocab 4, one layer; batch 2, context 3, fp16.
+    mm, att, ew = rf.decode_step_kernels(SMALL, batch=2, context=3, weight_dtype="fp16")
+    assert [k.name for k in (mm, att, ew)] == ["weight matmuls", "attention", "element-wise"]
+    # matrices (k x n): W_q 2x2, W_k 2x1, W_v 2x1, W_o 2x2, gate 2x3, up 2x3, down 3x2, head 2x4
+    # FLOPs 2 * batch * sum(k n) = 4 * (4 + 2 + 2 + 4 + 6 + 6 + 6 + 8) = 152
+    # bytes 2 * sum(B k + k n + B n) = 24 + 16 + 16 + 24 + 32 + 32 + 32 + 40 = 216
+    assert (mm.flops, mm.bytes) == (152, 216)
+    # 4 visible keys: 4 * head_dim * n_heads * 4 keys * batch 2 = 64 FLOPs; per sequence
+    # K and V of 4 read + 1 written (10 elements) and q read + o written (4): 28 bytes, x 2
+    assert (att.flops, att.bytes) == (64, 56)
+    # per token: norms 2*4*2, RoPE 3*(2+1), SwiGLU 5*3, residuals 2*1*2, final norm 4*2 = 52;
+    # elements moved: norms 2*2*2, RoPE 2*3, SwiGLU 3*3, residuals 2*3*2, final norm 2*2 = 39
+    # per token, x 2 tokens x 2 bytes = 156, + the three norm weights (6 elements) = 168
+    assert (ew.flops, ew.bytes) == (104, 168)
+    # the roofline at 100 FLOP/s and 10 B/s: every class memory-bound, sum = blended
+    assert [k.bound(100, 10) for k in (mm, att, ew)] == ["memory"] * 3
+    assert rf.step_seconds([mm, att, ew], 100, 10) == pytest.approx(21.6 + 5.6 + 16.8)
+    assert rf.blended_step_seconds([mm, att, ew], 100, 10) == pytest.approx(44.0)
+
+
+def test_the_blended_point_hides_one_kernels_bytes_behind_anothers_flops():
+    compute_heavy, memory_heavy = rf.KernelCost("a", 100, 1), rf.KernelCost("b", 1, 100)
+    assert rf.step_seconds([compute_heavy, memory_heavy], 1, 1) == 200
+    assert rf.blended_step_seconds([compute_heavy, memory_heavy], 1, 1) == 101
+
+
+def test_kernels_add_up_to_the_forward_cost():
+    for cfg, batch, context in ((ModelConfig(), 16, 500), (LLAMA_70B, 3, 4096), (SMALL, 1, 0)):
+        kernels = rf.decode_step_kernels(cfg, batch=batch, context=context)
+        whole = rf.forward_cost(cfg, batch=batch, new_tokens=1, context=context)
+        assert kernels[0].flops + kernels[1].flops == whole.flops
+        # the kernels also move the activations that forward_cost assumes stay on chip
+        assert sum(k.bytes for k in kernels) > whole.bytes
+
+
+@given(st.sampled_from([ModelConfig(), LLAMA_70B, SMALL]), st.integers(1, 4096),
+       st.integers(0, 65536), st.sampled_from(list(GPUS.values())))
+@settings(max_examples=200, deadline=None)
+def test_blended_never_exceeds_the_sum_of_kernels(cfg, batch, context, gpu):
+    kernels = rf.decode_step_kernels(cfg, batch=batch, context=context)
+    step = rf.step_seconds(kernels, gpu.fp16_flops, gpu.hbm_bandwidth)
+    assert rf.blended_step_seconds(kernels, gpu.fp16_flops, gpu.hbm_bandwidth) <= step * (1 + 1e-12)
+
+
+def test_attention_stays_put_while_the_weight_matmuls_move_right():
+    h100 = GPUS["H100 SXM"]
+    peak, bw = h100.fp16_flops, h100.hbm_bandwidth
+    steps = {b: rf.decode_step_kernels(LLAMA_70B, batch=b, context=4096) for b in (1, 64, 1024)}
+    attention = [steps[b][1].intensity for b in steps]
+    assert max(attention) == pytest.approx(min(attention))          # batch does not move it
+    assert 0.9 * LLAMA_70B.group_size < attention[0] < LLAMA_70B.group_size
+    matmul = [steps[b][0].intensity for b in steps]
+    assert matmul == sorted(matmul) and matmul[0] < 1.01 and matmul[-1] > rf.ridge_point(peak, bw)
+    big = steps[1024]
+    assert [k.bound(peak, bw) for k in big] == ["compute", "memory", "memory"]
+    # one blended point calls the whole step memory-bound and underestimates its time
+    blended_intensity = sum(k.flops for k in big) / sum(k.bytes for k in big)
+    assert blended_intensity < rf.ridge_point(peak, bw)
+    assert rf.blended_step_seconds(big, peak, bw) < 0.9 * rf.step_seconds(big, peak, bw)
+    # at batch 1 everything is memory-bound and the two models agree
+    one = steps[1]
+    assert rf.blended_step_seconds(one, peak, bw) == pytest.approx(rf.step_seconds(one, peak, bw))
+
+
+def test_a_quantized_cache_moves_the_attention_point_right():
+    fp16 = rf.decode_step_kernels(LLAMA_70B, batch=8, context=4096)[1]
+    fp8 = rf.decode_step_kernels(LLAMA_70B, batch=8, context=4096, kv_dtype="fp8")[1]
+    assert fp8.flops == fp16.flops and fp8.intensity > 1.9 * fp16.intensity

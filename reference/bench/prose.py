@@ -154,3 +154,26 @@ def agreement_phrase(difference: float, cause: str | None = None) -> str:
 def plural(n: int, word: str, words: str | None = None) -> str:
     """'1 thread', '2 threads' (`words` for an irregular plural)."""
     return f"{n} {word if n == 1 else (words or word + 's')}"
+
+
+def bound_phrase(intensity: float, ridge: float) -> str:
+    """Which roof a kernel sits under, worded from its intensity and the ridge:
+    'compute-bound (858 FLOPs/byte, past the ridge at 295)' or 'memory-bound (8.0 FLOPs/byte,
+    below the ridge at 295)'."""
+    if not (intensity >= 0 and ridge > 0):
+        raise ValueError(f"need intensity >= 0 and ridge > 0, got {intensity} and {ridge}")
+    shown = f"{intensity:.0f}" if intensity >= 10 else f"{intensity:.1f}"
+    if intensity > ridge:
+        return f"compute-bound ({shown} FLOPs/byte, past the ridge at {ridge:.0f})"
+    return f"memory-bound ({shown} FLOPs/byte, below the ridge at {ridge:.0f})"
+
+
+def shortfall_phrase(estimate: float, actual: float) -> str:
+    """How far an estimate of a time falls short of (or exceeds) the actual one: '17% short',
+    '5% long', or 'within 1%'."""
+    if not (estimate > 0 and actual > 0):
+        raise ValueError(f"times must be > 0, got {estimate} and {actual}")
+    gap = estimate / actual - 1
+    if abs(gap) < 0.01:
+        return "within 1%"
+    return f"{-gap:.0%} short" if gap < 0 else f"{gap:.0%} long"

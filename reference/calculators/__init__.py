@@ -3,7 +3,8 @@
     memory.py          bytes of the KV cache for any model, precision and batch; the one
                        table of bits per dtype (chapter 03)
     hardware.py        the GPU data-sheet table (chapters 03, 04, 07)
-    roofline.py        traffic, arithmetic intensity, the roofline, a forward's cost (chapter 04)
+    roofline.py        traffic, arithmetic intensity, the roofline, a forward's cost, a decode
+                       step kernel by kernel (chapter 04)
     flash_versions.py  which FlashAttention version runs on which GPU (chapter 07)
     contiguous.py      a contiguous reserve-max_len allocator, paging's foil (chapter 08)
     fragmentation.py   contiguous vs paged pools replayed on one workload (chapter 08)

@@ -30,6 +30,8 @@ import random
 from dataclasses import dataclass
 from typing import Callable
 
+from reference.calculators.memory import whole_number
+
 WORKLOAD_KEYS = ("id", "arrival", "prompt_len", "output_len")
 Counts = dict   # request id -> tokens scheduled in one step
 
@@ -180,8 +182,10 @@ def simulate_continuous(workload: list[dict], max_batch: int, max_num_batched_to
     chunked prefill >= every prompt). With None and chunked prefill every step is exactly
     `continuous_batch_step`.
     """
-    _check_positive(max_batch=max_batch)
+    max_batch = _positive("max_batch", max_batch)
     requests, budget = _checked_workload(workload), max_num_batched_tokens
+    if budget is not None:
+        budget = _positive("max_num_batched_tokens", budget)
     if budget is not None and budget < max_batch:
         raise ValueError(f"max_num_batched_tokens={budget} must be >= max_batch={max_batch} "
                          "(one decode token per running sequence)")
@@ -193,10 +197,12 @@ def simulate_continuous(workload: list[dict], max_batch: int, max_num_batched_to
     return run_schedule(workload, max_batch, lambda run, wait: schedule(run, wait, budget, max_batch))
 
 
-def _check_positive(**values: int) -> None:
-    for name, value in values.items():
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+def _positive(name: str, value) -> int:
+    """`value` as an int >= 1 (whole-number floats such as 16.0 accepted); ValueError otherwise."""
+    try:
+        return whole_number(name, value, minimum=1)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
 
 
 def _checked_workload(workload: list[dict]) -> list[dict]:
@@ -221,7 +227,7 @@ def run_schedule(workload: list[dict], max_batch: int,
     the lowest free slot); the step is applied; requests that sampled their last token give their
     slot back. Raises ValueError when the schedule names an unknown request, admits more than
     `max_batch` or gives a request more tokens than it can use."""
-    _check_positive(max_batch=max_batch)
+    max_batch = _positive("max_batch", max_batch)
     requests = _checked_workload(workload)
     by_id = {r["id"]: r for r in requests}
     pending, waiting, running = list(reversed(requests)), [], []

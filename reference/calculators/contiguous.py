@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Hashable
 from dataclasses import dataclass
 
+from reference.calculators.memory import whole_number
 from reference.paging import OutOfBlocks
 
 
@@ -30,9 +31,10 @@ class ContiguousAllocator:
     """First-fit allocator of contiguous slot runs over a pool of `num_slots` token slots."""
 
     def __init__(self, num_slots: int):
-        if isinstance(num_slots, bool) or not isinstance(num_slots, int) or num_slots <= 0:
-            raise ValueError(f"num_slots must be a positive int, got {num_slots!r}")
-        self.num_slots = num_slots
+        try:   # whole-number floats (4096.0) are accepted; ValueError for anything else
+            self.num_slots = whole_number("num_slots", num_slots, minimum=1)
+        except TypeError as error:
+            raise ValueError(str(error)) from None
         self.regions: dict[Hashable, Region] = {}
 
     def free_runs(self) -> list[tuple[int, int]]:

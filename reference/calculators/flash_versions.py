@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from reference.calculators.memory import whole_number
+
 # GPU name (upper case) -> architecture generation
 GPU_GENERATIONS = {
     "P100": "Pascal", "V100": "Volta",
@@ -49,12 +51,17 @@ def pick_flash(gpu: str, training: bool, head_dim: int = 64) -> FlashChoice:
     Raises ValueError for an unknown GPU or a head dimension outside HEAD_DIMS, TypeError when
     `training` is not a bool.
     """
+    original = head_dim
     if not isinstance(gpu, str) or gpu.strip().upper() not in GPU_GENERATIONS:
         raise ValueError(f"unknown GPU {gpu!r}; known: {', '.join(GPU_GENERATIONS)}")
     if not isinstance(training, bool):
         raise TypeError(f"training must be True or False, got {training!r}")
-    if isinstance(head_dim, bool) or not isinstance(head_dim, int) or head_dim not in HEAD_DIMS:
-        raise ValueError(f"head_dim must be a multiple of 8 from 8 to 128, got {head_dim!r}")
+    try:   # a whole-number float (64.0) is accepted
+        head_dim = whole_number("head_dim", head_dim)
+    except TypeError:
+        head_dim = None
+    if head_dim not in HEAD_DIMS:
+        raise ValueError(f"head_dim must be a multiple of 8 from 8 to 128, got {original!r}")
     generation = GPU_GENERATIONS[gpu.strip().upper()]
     if generation in ("Pascal", "Volta"):
         return FlashChoice(0, f"{generation}: no FlashAttention version supports it; "

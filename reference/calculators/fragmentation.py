@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from reference.calculators.contiguous import ContiguousAllocator
+from reference.calculators.memory import whole_number
 from reference.paging import BlockManager
 
 
@@ -45,10 +46,20 @@ class PoolStats:
         return self.live / self.total
 
 
+def _positive(name: str, value) -> int:
+    """`value` as an int >= 1 (whole-number floats such as 4096.0 accepted); ValueError otherwise."""
+    try:
+        return whole_number(name, value, minimum=1)
+    except TypeError as error:
+        raise ValueError(str(error)) from None
+
+
 class PagedPool:
     """`BlockManager` (no prefix caching) behind the interface `replay` and `simulate` drive."""
 
     def __init__(self, num_slots: int, block_size: int = 16):
+        num_slots, block_size = (_positive(n, v) for n, v in (("num_slots", num_slots),
+                                                              ("block_size", block_size)))
         if num_slots % block_size:
             raise ValueError(f"num_slots={num_slots} is not a multiple of block_size={block_size}")
         self.num_slots, self.block_size = num_slots, block_size
@@ -86,8 +97,8 @@ class ContiguousPool:
     """`ContiguousAllocator` behind the same interface: reserves max_len slots per request."""
 
     def __init__(self, num_slots: int):
-        self.num_slots = num_slots
         self.allocator = ContiguousAllocator(num_slots)
+        self.num_slots = self.allocator.num_slots
 
     def admission_slots(self, n_tokens: int, max_len: int) -> int:
         return max_len

@@ -16,6 +16,8 @@ The formats are the ones of ``reference.quant``: int8 and fp8 are symmetric (sca
 """
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -44,12 +46,34 @@ def dtype_name(dtype) -> str:
     return dtype.lower()
 
 
-def _check_counts(**counts) -> None:
-    for name, value in counts.items():
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__} {value!r}")
-        if value < 0:
-            raise ValueError(f"{name} must be >= 0, got {value}")
+def whole_number(name: str, value, minimum: int = 0) -> int:
+    """`value` as an int, for a count of bytes, tokens, layers, slots...
+
+    Readers write sizes as `80e9` or `2**20`: an int, or a float (or a numpy scalar) holding a
+    whole number, is accepted and returned as an int. A fractional float (`80.5`, `1.5` tokens),
+    a bool, a string or anything else raises TypeError; a whole number below `minimum` raises
+    ValueError. Every message is one line and names the argument.
+    """
+    if isinstance(value, bool):
+        raise TypeError(f"{name} must be a whole number, got the bool {value!r}")
+    if isinstance(value, numbers.Integral):
+        value = int(value)
+    elif isinstance(value, numbers.Real):
+        if not math.isfinite(value) or not float(value).is_integer():
+            raise TypeError(f"{name} must be a whole number, got {value!r}: "
+                            "a count of bytes or tokens has no fractional part")
+        value = int(value)
+    else:
+        raise TypeError(f"{name} must be a whole number (an int, or a float such as 80e9), "
+                        f"got {type(value).__name__} {value!r}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _check_counts(**counts) -> dict[str, int]:
+    """The counts as ints (whole-number floats accepted), each >= 0: see `whole_number`."""
+    return {name: whole_number(name, value) for name, value in counts.items()}
 
 
 def _ceil_div(a: int, b: int) -> int:
@@ -60,13 +84,13 @@ def tensor_bytes(elements: int, dtype="fp16", group_size: int | None = None) -> 
     """Bytes of one tensor of ``elements`` values stored in ``dtype`` (int4 packs two per byte,
     rounded up to whole bytes), plus the per-group metadata when ``group_size`` is given."""
     name = dtype_name(dtype)
+    elements = whole_number("elements", elements)
     payload = _ceil_div(elements * BITS[name], 8)
     if group_size is None:
         return payload
     if name not in GROUP_METADATA_BYTES:
         raise ValueError(f"group_size applies to quantized formats (fp8, int8, int4), not {name}")
-    if isinstance(group_size, bool) or not isinstance(group_size, int) or group_size < 1:
-        raise ValueError(f"group_size must be a positive int, got {group_size!r}")
+    group_size = whole_number("group_size", group_size, minimum=1)
     return payload + _ceil_div(elements, group_size) * GROUP_METADATA_BYTES[name]
 
 
@@ -78,7 +102,9 @@ def kv_cache_bytes(*, layers: int, kv_heads: int, head_dim: int, tokens: int, ba
     (quantized formats only) each of the K and V tensors of each layer pays one fp16 scale per
     ``group_size`` elements (rounded up), plus an fp16 zero point for int4.
     """
-    _check_counts(layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens, batch=batch)
+    c = _check_counts(layers=layers, kv_heads=kv_heads, head_dim=head_dim, tokens=tokens,
+                      batch=batch)
+    layers, kv_heads, head_dim, tokens, batch = c.values()
     per_layer_tensor = batch * kv_heads * tokens * head_dim
     return 2 * layers * tensor_bytes(per_layer_tensor, dtype, group_size)
 
@@ -87,8 +113,9 @@ def mla_kv_bytes(*, layers: int, latent_dim: int, rope_dim: int, tokens: int, ba
                  dtype="fp16") -> int:
     """Bytes of an MLA cache: per layer and token one latent (``latent_dim``) and one RoPE key
     (``rope_dim``) shared by all heads. No factor 2: K and V are both rebuilt from the latent."""
-    _check_counts(layers=layers, latent_dim=latent_dim, rope_dim=rope_dim, tokens=tokens,
-                  batch=batch)
+    layers, latent_dim, rope_dim, tokens, batch = _check_counts(
+        layers=layers, latent_dim=latent_dim, rope_dim=rope_dim, tokens=tokens,
+        batch=batch).values()
     return layers * tensor_bytes(batch * tokens * (latent_dim + rope_dim), dtype)
 
 
@@ -164,10 +191,12 @@ def max_concurrent_sequences(*, gpu_bytes: int, weight_bytes: int, per_token_byt
     overhead (activations, CUDA context, fragmentation) leave of ``gpu_bytes``.
 
     floor((gpu_bytes - weight_bytes - overhead_bytes) / (per_token_bytes * tokens_per_seq)),
-    and 0 when the weights and overhead alone do not fit.
+    and 0 when the weights and overhead alone do not fit. Sizes may be written as floats that
+    hold whole numbers (``gpu_bytes=80e9``); a fractional one (``80.5``) is refused by name.
     """
-    _check_counts(gpu_bytes=gpu_bytes, weight_bytes=weight_bytes, per_token_bytes=per_token_bytes,
-                  tokens_per_seq=tokens_per_seq, overhead_bytes=overhead_bytes)
+    gpu_bytes, weight_bytes, per_token_bytes, tokens_per_seq, overhead_bytes = _check_counts(
+        gpu_bytes=gpu_bytes, weight_bytes=weight_bytes, per_token_bytes=per_token_bytes,
+        tokens_per_seq=tokens_per_seq, overhead_bytes=overhead_bytes).values()
     if per_token_bytes == 0 or tokens_per_seq == 0:
         raise ValueError("per_token_bytes and tokens_per_seq must be > 0")
     free = gpu_bytes - weight_bytes - overhead_bytes

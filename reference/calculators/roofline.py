@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference.calculators.memory import BITS
+from reference.calculators.memory import BITS, whole_number
 
 
 def dtype_bits(dtype: str | torch.dtype) -> int:
@@ -32,16 +32,14 @@ def dtype_bits(dtype: str | torch.dtype) -> int:
 
 
 def nbytes(count: int, dtype: str | torch.dtype) -> int:
-    """Bytes taken by `count` elements of `dtype` (int4: half a byte each, rounded up)."""
-    return -(-count * dtype_bits(dtype) // 8)
+    """Bytes taken by `count` elements of `dtype` (int4: half a byte each, rounded up).
+    `count` may be written as a float holding a whole number (`70e9`)."""
+    return -(-whole_number("count", count) * dtype_bits(dtype) // 8)
 
 
 def _positive_int(name: str, value) -> int:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if value < 1:
-        raise ValueError(f"{name} must be >= 1, got {value}")
-    return value
+    """`value` as an int >= 1; whole-number floats (`4096.0`, `80e9`) are accepted."""
+    return whole_number(name, value, minimum=1)
 
 
 def _positive_number(name: str, value, *, allow_zero: bool = False) -> float:
@@ -177,8 +175,7 @@ def forward_cost(cfg, *, batch: int, new_tokens: int, context: int = 0,
     assumed to stay on chip, so this is the minimum traffic.
     """
     batch, new_tokens = _positive_int("batch", batch), _positive_int("new_tokens", new_tokens)
-    if isinstance(context, bool) or not isinstance(context, int) or context < 0:
-        raise ValueError(f"context must be an int >= 0, got {context!r}")
+    context = whole_number("context", context)
     kv_dtype = weight_dtype if kv_dtype is None else kv_dtype
     tokens = batch * new_tokens
     visible_keys = new_tokens * context + new_tokens * (new_tokens + 1) // 2  # per sequence, causal
@@ -188,3 +185,111 @@ def forward_cost(cfg, *, batch: int, new_tokens: int, context: int = 0,
     kv_elements = batch * kv_per_position * (context + 2 * new_tokens)  # read all, write the new
     return ForwardCost(flops, nbytes(llama_params(cfg), weight_dtype), nbytes(kv_elements, kv_dtype))
 
+
+
+# ----------------------------------------------- one decode step, kernel by kernel
+
+# FLOPs per element of the element-wise kernels of a Llama layer (a model, stated once):
+# RMSNorm squares, sums, scales and multiplies by its weight; RoPE is x*cos + rot(x)*sin;
+# SwiGLU's silu(g) * u is about five (negate, exp, add, divide, multiply); a residual add is one.
+ELEMENTWISE_FLOPS = {"rmsnorm": 4, "rope": 3, "swiglu": 5, "residual": 1}
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """FLOPs and HBM bytes of one class of kernels in a step; each class sits on the roofline
+    at its own intensity."""
+    name: str
+    flops: int
+    bytes: int
+
+    @property
+    def intensity(self) -> float:
+        return self.flops / self.bytes
+
+    def seconds(self, peak_flops: float, bandwidth: float) -> float:
+        """max(F / peak, B / bandwidth): the kernel waits on whichever roof is lower for it."""
+        return max(self.flops / _positive_number("peak_flops", peak_flops),
+                   self.bytes / _positive_number("bandwidth", bandwidth))
+
+    def bound(self, peak_flops: float, bandwidth: float) -> str:
+        """'compute' when the arithmetic takes longer than the bytes, else 'memory'."""
+        compute = self.flops / _positive_number("peak_flops", peak_flops)
+        return "compute" if compute > self.bytes / _positive_number("bandwidth", bandwidth) else "memory"
+
+
+def _llama_matrices(cfg) -> list[tuple[int, int, int]]:
+    """(rows in k, columns n, how many) of every weight matrix a token multiplies."""
+    d, q, kv = cfg.d_model, cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim
+    layers = cfg.n_layers
+    return [(d, q, layers), (d, kv, 2 * layers), (q, d, layers),      # W_q; W_k, W_v; W_o
+            (d, cfg.d_ff, 2 * layers), (cfg.d_ff, d, layers),         # gate, up; down
+            (d, cfg.vocab_size, 1)]                                   # LM head
+
+
+def decode_step_kernels(cfg, *, batch: int, context: int, weight_dtype: str | torch.dtype = "fp16",
+                        kv_dtype: str | torch.dtype | None = None) -> list[KernelCost]:
+    """One decode step of a Llama-style model (`reference.model.ModelConfig`), by kernel class.
+
+    `batch` sequences each feed one token after `context` cached ones. Three classes, each
+    placed on the roofline on its own (activations and the cache in `weight_dtype` unless
+    `kv_dtype` is given):
+
+    * "weight matmuls": every projection and the LM head as C[B, n] = A[B, k] @ W[k, n]
+      (`matmul_cost` with m = batch): 2 FLOPs per weight per token; bytes = each weight read
+      once for the whole batch + the activations read and written. Intensity grows with B.
+    * "attention": per layer and sequence, the new query against its context + 1 keys:
+      4 * head_dim FLOPs per visible key, per query head (2 d for q.k, 2 d for p.v); bytes =
+      that sequence's K and V read (context + 1 positions), the new K and V written, q read and
+      the output written. Nobody else reads a sequence's cache, so F and B both grow with B
+      and the intensity stays put: about the GQA group size in fp16 (n_heads / n_kv_heads
+      query heads share each K/V byte, 2 FLOPs per element per query head, 2 bytes each).
+    * "element-wise": two RMSNorms, RoPE on q and k, SwiGLU and two residual adds per layer,
+      plus the final norm (FLOPs per element: `ELEMENTWISE_FLOPS`); each reads its inputs and
+      writes its output once (unfused), and the norms read their weights once per step.
+
+    The embedding lookup (batch rows) and sampling are left out. The step's time on a roofline
+    is `step_seconds`: the sum over classes of max(F / peak, B / bandwidth).
+    """
+    batch = _positive_int("batch", batch)
+    context = whole_number("context", context)
+    kv_dtype = weight_dtype if kv_dtype is None else kv_dtype
+    act = lambda n: nbytes(n, weight_dtype)  # noqa: E731  (activation bytes)
+
+    mm_flops = mm_bytes = 0
+    for k, n, count in _llama_matrices(cfg):
+        flops, moved = matmul_cost(batch, k, n, weight_dtype)
+        mm_flops, mm_bytes = mm_flops + count * flops, mm_bytes + count * moved
+
+    layers, q_width = cfg.n_layers, cfg.n_heads * cfg.head_dim
+    kv_width = cfg.n_kv_heads * cfg.head_dim
+    visible = context + 1
+    att_flops = 4 * cfg.head_dim * cfg.n_heads * visible * layers * batch
+    att_bytes = layers * batch * (nbytes(2 * kv_width * (visible + 1), kv_dtype) + act(2 * q_width))
+
+    e = ELEMENTWISE_FLOPS
+    d, ff = cfg.d_model, cfg.d_ff
+    rope = q_width + kv_width
+    per_token_flops = layers * (2 * e["rmsnorm"] * d + e["rope"] * rope + e["swiglu"] * ff
+                                + 2 * e["residual"] * d) + e["rmsnorm"] * d
+    per_token_elements = layers * (2 * 2 * d + 2 * rope + 3 * ff + 2 * 3 * d) + 2 * d
+    ew_flops = batch * per_token_flops
+    ew_bytes = act(batch * per_token_elements) + act((2 * layers + 1) * d)   # + norm weights
+    return [KernelCost("weight matmuls", mm_flops, mm_bytes),
+            KernelCost("attention", att_flops, att_bytes),
+            KernelCost("element-wise", ew_flops, ew_bytes)]
+
+
+def step_seconds(kernels: list[KernelCost], peak_flops: float, bandwidth: float) -> float:
+    """The step's time as the kernels run one after another: sum of max(F_k / peak, B_k / bw)."""
+    return sum(k.seconds(peak_flops, bandwidth) for k in kernels)
+
+
+def blended_step_seconds(kernels: list[KernelCost], peak_flops: float, bandwidth: float) -> float:
+    """The one-point shortcut: all FLOPs and all bytes as a single kernel, max(sum F / peak,
+    sum B / bw). Never longer than `step_seconds`, and shorter whenever one kernel is
+    compute-bound while another is memory-bound: it lets one kernel's idle memory system
+    hide another's bytes, which kernels that run one after another cannot do."""
+    flops, moved = sum(k.flops for k in kernels), sum(k.bytes for k in kernels)
+    return max(flops / _positive_number("peak_flops", peak_flops),
+               moved / _positive_number("bandwidth", bandwidth))
