@@ -19,10 +19,11 @@ import torch
 from torch.nn import functional as F
 from torch import Tensor
 
-from autograder.boundary.causes import LearnerError, describe
-from autograder.boundary.guard import Guard
+from autograder.boundary.causes import LearnerError, OperationRefused, describe
+from autograder.boundary.guard import ForbiddenOperationError, Guard, limits_paused, operation_limit
 from autograder.rules.feedback import PrerequisiteFailed
 from autograder.rules.kernel_rules import cell_problem
+from autograder.rules.operations import allowed_operations, refusal_message
 from autograder.boundary.launching import launch
 from autograder.boundary.protocol import HEADER, decode, encode
 from autograder.boundary.proxies import LearnerSide
@@ -78,21 +79,28 @@ class LocalLearner(GraderSideTrace):
         if guard is not None:
             guard.uninstall()  # the reference code may use what the learner may not
         try:
-            return _copy(self.store.handle(_copy(request)))
+            with limits_paused():
+                return _copy(self.store.handle(_copy(request)))
         finally:
             if guard is not None:
                 self._guard = guard.install()
 
-    def _run(self, target: Callable, args: tuple, kwargs: dict) -> Any:
+    def _run(self, target: Callable, args: tuple, kwargs: dict, limit_ops: bool = True) -> Any:
         args, kwargs = self._side.args(_copy(to_wire((args, kwargs), self.store.register)))
         self.store.trace.clear()
         forbid = self.exercise.forbid if self.exercise is not None else ()
         guard = Guard(forbid).install() if forbid else None
         self._guard = guard
+        limit = operation_limit(allowed_operations(self.exercise) if limit_ops else None)
         try:
-            with guard.forbidding(forbid) if guard else _nothing():
+            with guard.forbidding(forbid) if guard else _nothing(), limit:
                 value = target(*args, **kwargs)
+            if limit.refused:
+                raise ForbiddenOperationError(limit.refused)
         except Exception as exc:
+            if limit.refused:
+                raise OperationRefused(refusal_message(self.exercise.grade_id, limit.refused),
+                                       limit.refused) from None
             raise LearnerError(describe(exc)) from exc
         finally:
             if self._guard is not None:
@@ -126,7 +134,7 @@ class LocalLearner(GraderSideTrace):
 
     def getattr(self, handle: Handle, attr: str) -> Any:
         """Value of the attribute ``attr`` of the object behind ``handle``."""
-        return self._run(lambda: getattr(self._object(handle), attr), (), {})
+        return self._run(lambda: getattr(self._object(handle), attr), (), {}, limit_ops=False)
 
     def launch(self, kernel: str, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> list:
         """Run the learner's Triton kernel ``kernel[grid](*args, **kwargs)``; returns ``args``
@@ -138,7 +146,7 @@ class LocalLearner(GraderSideTrace):
 
         def run(*a, **k):
             return launch(target, grid, a, k)
-        return self._run(run, args, kwargs)
+        return self._run(run, args, kwargs, limit_ops=False)
 
 
 class _nothing:
@@ -223,7 +231,7 @@ def check(obj: Any, seed: int | None = None) -> None:
                 message = f"skipped: {exc.msg} (a skipped test earns no points)"
             else:
                 message = failure_message(exc)
-            if isinstance(exc, PrerequisiteFailed) and gate is None:
+            if isinstance(exc, (PrerequisiteFailed, OperationRefused)) and gate is None:
                 gate = (label, exc.rule)
             failures.append(f"{label}: {message}")
             message = message.replace("\n", "\n      ")

@@ -429,3 +429,60 @@ def test_the_worker_is_shown_python_and_the_system_only():
     shown = shown_dirs(import_dirs(exclude=[]))
     assert "/usr" in shown and not any(d in shown for d in ("/", "/root", "/home", "/tmp", "/work"))
     assert all(not (a != b and b.startswith(a + "/")) for a in shown for b in shown)
+
+
+def test_a_modules_eval_method_is_not_pythons_eval():
+    from autograder.rules.forbid import detours_in_source
+    assert detours_in_source("def f(m):\n    m.eval()\n    return m") == []
+    assert detours_in_source("def f(s):\n    return eval(s)") == ["eval"]
+
+
+def test_an_operation_outside_the_allowed_set_refuses_the_call_even_when_caught():
+    """Below the names: the dispatcher sees aten._softmax whatever reached it, and catching the
+    refusal does not hide it (the exercise scores 0, as for a failed prerequisite)."""
+    from autograder.boundary.causes import OperationRefused
+    from autograder.rules.plugin import Exercise
+    namespace = {"torch": torch,
+                 "alias": lambda x: torch.special.softmax(x, -1),   # no forbidden name in sight
+                 "caught": lambda x: _swallow(lambda: x.softmax(-1), x),
+                 "honest": lambda x: (x - x.amax(-1, keepdim=True)).exp()
+                 / (x - x.amax(-1, keepdim=True)).exp().sum(-1, keepdim=True)}
+    learner = LocalLearner(namespace)
+    learner.begin(Exercise("online_softmax", 1, forbid=("torch.softmax",)))
+    x = torch.randn(3, 5)
+    torch.testing.assert_close(learner.call("honest", x), torch.softmax(x, -1))
+    for name in ("alias", "caught"):
+        with pytest.raises(OperationRefused, match=r"aten\._softmax.*\n.*subtract the running max"):
+            learner.call(name, x)
+    learner.begin(Exercise("causal_attention", 1, forbid=("torch.nn.functional.scaled_dot_product_attention",)))
+    torch.testing.assert_close(learner.call("alias", x), torch.softmax(x, -1))  # allowed there
+
+
+def _swallow(fn, x):
+    try:
+        return fn()
+    except Exception:  # noqa: BLE001 - the learner catches the refusal and answers anyway
+        return torch.softmax(x.double(), -1).float()
+
+
+def test_the_worker_refuses_an_operation_outside_the_allowed_set():
+    """Through the sandbox: the dispatch mode runs in the worker, the verdict comes back as
+    ``OperationRefused`` (the exercise's gate); the proxies' own copies are not counted."""
+    from autograder.boundary.causes import OperationRefused
+    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.rules.plugin import Exercise
+    cells = [("norm", "def norm(x):\n    e = (x - x.amax(-1, keepdim=True)).exp()\n"
+                      "    return F.normalize(e, p=1, dim=-1)"),
+             ("honest", "def honest(x):\n    e = (x - x.amax(-1, keepdim=True)).exp()\n"
+                        "    return e / e.sum(-1, keepdim=True)")]
+    learner = SandboxLearner(cells, timeout=30)
+    try:
+        x = torch.randn(2, 6)
+        learner.begin(Exercise("online_softmax", 1, forbid=("torch.softmax",)))
+        torch.testing.assert_close(learner.call("honest", x), torch.softmax(x, -1))
+        with pytest.raises(OperationRefused, match=r"aten\.linalg_vector_norm"):
+            learner.call("norm", x)
+        learner.begin(Exercise("norm", 1))      # an exercise that forbids nothing: no limit
+        torch.testing.assert_close(learner.call("norm", x), torch.softmax(x, -1))
+    finally:
+        learner.close()

@@ -14,6 +14,16 @@ class LearnerError(AssertionError):
     """
 
 
+class OperationRefused(LearnerError):
+    """The learner's code ran torch operations its exercise does not allow (``names``): the
+    exercise scores 0 (``rule`` is said on its other tests, as for a failed prerequisite)."""
+    rule = "only the operations the exercise allows"
+
+    def __init__(self, message: str, names: list[str]):
+        super().__init__(message)
+        self.names = list(names)
+
+
 def _learner_frame(exc: BaseException) -> str:
     """``line N of cell `x`: code`` for the deepest frame in learner code, or ``""``."""
     frames = traceback.extract_tb(exc.__traceback__)

@@ -4,6 +4,9 @@ such as ``torch.Tensor.softmax`` on its class) by a wrapper that raises
 ``ForbiddenFunctionError`` while an exercise that forbids it is being graded. In the sandbox the
 guard is installed before any learner cell runs, so aliases taken by a cell are guarded too.
 The static look at a cell's source is grader side: ``autograder.rules.forbid``.
+
+Below the names, ``operation_limit`` checks every aten operation learner code runs (a dispatch
+mode) against the exercise's allowed set (``autograder.rules.operations``).
 """
 from __future__ import annotations
 
@@ -85,3 +88,72 @@ class Guard:
             yield
         finally:
             self.active = before
+
+
+class ForbiddenOperationError(RuntimeError):
+    """Learner code ran a torch operation outside its exercise's allowed set; ``names`` are the
+    operations refused during the call."""
+
+    def __init__(self, names: list[str]):
+        super().__init__(f"the operation{'s' if len(names) > 1 else ''} {', '.join(names)} "
+                         f"{'are' if len(names) > 1 else 'is'} not allowed in this exercise")
+        self.names = list(names)
+
+
+_PAUSED = [0]   # > 0 while the worker's own code runs inside a learner call (proxies' requests)
+
+
+@contextlib.contextmanager
+def limits_paused() -> Iterator[None]:
+    """Operations run inside the block are the worker's own (a proxy serialising a request), not
+    the learner's: no limit applies to them."""
+    _PAUSED[0] += 1
+    try:
+        yield
+    finally:
+        _PAUSED[0] -= 1
+
+
+def operation_name(func: Any) -> str:
+    """``aten.name`` of an operation as the dispatcher sees it (overloads folded)."""
+    packet = getattr(func, "overloadpacket", func)
+    return str(packet)
+
+
+@functools.lru_cache(maxsize=1)
+def _limit_mode():
+    """The dispatch mode class, built on first use (the import reaches torch internals)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OperationLimit(TorchDispatchMode):
+        """While active, every aten operation the learner's code runs is checked against
+        ``allowed`` (names such as ``aten.exp``) at the dispatcher, below every Python name a
+        cell could use. The first one outside raises ``ForbiddenOperationError`` and is kept in
+        ``refused``, so that catching the error does not hide it."""
+
+        def __init__(self, allowed: Iterable[str]):
+            super().__init__()
+            self.allowed = frozenset(allowed)
+            self.refused: list[str] = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            name = operation_name(func)
+            if name not in self.allowed and not _PAUSED[0]:
+                if name not in self.refused:
+                    self.refused.append(name)
+                raise ForbiddenOperationError([name])
+            return func(*args, **(kwargs or {}))
+
+    return OperationLimit
+
+
+def operation_limit(allowed: Iterable[str] | None):
+    """A context manager limiting learner code to the operations ``allowed`` (``None``: no
+    limit; its ``refused`` is then always empty)."""
+    if allowed is None:
+        return _NoLimit()
+    return _limit_mode()(allowed)
+
+
+class _NoLimit(contextlib.nullcontext):
+    refused: list[str] = []

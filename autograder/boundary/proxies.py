@@ -14,6 +14,7 @@ from typing import Any, Callable
 
 import torch
 
+from autograder.boundary.guard import limits_paused
 from autograder.boundary.refs import SCALARS, TAG, Handle, Remote, from_wire
 
 Channel = Callable[[dict], dict]
@@ -26,8 +27,9 @@ class _Proxy:
         self._id, self._channel = remote_id, channel
 
     def _remote(self, method: str, *args: Any, **kwargs: Any) -> Any:
-        reply = self._channel({"op": "remote", "id": self._id, "method": method,
-                               "args": _plain(args), "kwargs": _plain(kwargs)})
+        with limits_paused():   # copying the arguments is our work, not the learner's
+            reply = self._channel({"op": "remote", "id": self._id, "method": method,
+                                   "args": _plain(args), "kwargs": _plain(kwargs)})
         if not reply.get("ok"):
             raise ValueError(f"the grader's {type(self).__name__[:-5].lower()} refused: "
                              f"{reply.get('error')}")

@@ -25,12 +25,13 @@ import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from autograder.boundary.causes import LearnerError
+from autograder.boundary.causes import LearnerError, OperationRefused
 from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delete_leftovers
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
 from autograder.boundary.refs import Handle, from_wire, to_wire
 from autograder.boundary.store import GraderSideTrace, ReferenceStore
 from autograder.rules.kernel_rules import cell_problem
+from autograder.rules.operations import allowed_operations, refusal_message
 
 __all__ = ["SandboxLearner", "SandboxUnavailable", "EnvironmentProblem", "kill_all"]
 LIVE: set["SandboxLearner"] = set()
@@ -171,6 +172,10 @@ class SandboxLearner(GraderSideTrace):
             self._spent += time.monotonic() - start
             self.worker.take_log()
         if not reply.get("ok"):
+            refused = reply.get("refused_ops")
+            if isinstance(refused, list) and self.exercise is not None:
+                names = [str(n) for n in refused][:10]
+                raise OperationRefused(refusal_message(self.exercise.grade_id, names), names)
             raise LearnerError(str(reply.get("error", "unknown error"))[:2000])
         return from_wire(reply.get("value"))
 
@@ -183,6 +188,9 @@ class SandboxLearner(GraderSideTrace):
         self.store.trace.clear()
         if self.exercise is not None:
             request["forbid"] = list(self.exercise.forbid)
+            allowed = allowed_operations(self.exercise)
+            if allowed is not None:
+                request["allowed_ops"] = sorted(allowed)
         value = self._request(request)
         for handle in _handles_in(value):
             self._handles.add(handle.id)

@@ -39,7 +39,7 @@ from torch import Tensor
 
 from autograder.boundary.confine import drop_privileges, landlock, lock_down, readable
 from autograder.boundary.causes import describe
-from autograder.boundary.guard import Guard
+from autograder.boundary.guard import ForbiddenOperationError, Guard, limits_paused, operation_limit
 from autograder.boundary.launching import launch
 from autograder.boundary.protocol import decode, encode, read_message, write_message
 from autograder.boundary.proxies import LearnerSide
@@ -155,8 +155,9 @@ class Worker:
 
     def remote(self, request: dict) -> dict:
         """Send a proxy's request to the grader and wait for its answer."""
-        write_message(self.out_fd, request)
-        reply = read_message(self.in_fd)
+        with limits_paused():
+            write_message(self.out_fd, request)
+            reply = read_message(self.in_fd)
         return reply if isinstance(reply, dict) else {"ok": False, "error": "bad reply"}
 
     def exec_cell(self, grade_id: str, source: str) -> None:
@@ -188,7 +189,14 @@ class Worker:
                     return self.side.result(target)
             else:
                 target = self._lookup(request["name"])
-            return self.side.result(target(*args, **kwargs))
+            limit = operation_limit(request.get("allowed_ops"))
+            try:
+                with limit:
+                    value = target(*args, **kwargs)
+            finally:
+                if limit.refused:   # even when the learner's code caught the error
+                    raise ForbiddenOperationError(limit.refused)
+            return self.side.result(value)
 
     def handle(self, request: dict) -> dict:
         try:
@@ -197,6 +205,8 @@ class Worker:
             else:
                 value = self.call(request)
             reply = {"op": "done", "ok": True, "value": value}
+        except ForbiddenOperationError as exc:
+            reply = {"op": "done", "ok": False, "error": str(exc), "refused_ops": exc.names}
         except BaseException as exc:  # noqa: BLE001 - learner code may raise anything
             if isinstance(exc, SystemExit):
                 exc = RuntimeError(f"your code called exit({exc.code!r})")

@@ -48,6 +48,8 @@ DETOURS = frozenset({
     "ops", "_C", "_VF", "_VariableFunctions", "_ops", "_refs", "_prims", "_decomp", "library",
     "getattr", "vars", "globals", "locals", "eval", "exec", "compile", "__import__",
     "import_module", "attrgetter", "methodcaller", "unwrap", "getmembers", "modules"})
+# Builtins that are also common method names: a detour only when called by their bare name.
+METHOD_NAMES = frozenset({"eval", "exec"})
 DETOUR_MODULES = frozenset({"sys", "builtins", "importlib", "inspect", "ctypes", "gc", "operator"})
 ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__len__", "__call__", "__getitem__",
                              "__setitem__", "__iter__", "__post_init__", "__repr__"})
@@ -85,6 +87,8 @@ def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
             private_ok = not any(m.split(".")[0] == "torch" for m in modules)
         for word in words:
             private = word.startswith("_") and word not in ALLOWED_DUNDERS and not private_ok
+            if isinstance(node, ast.Attribute) and word in METHOD_NAMES:
+                continue    # model.eval(), not Python's eval
             if word in DETOURS or private or (word.startswith("__") and word not in ALLOWED_DUNDERS):
                 found.add(word)
     return sorted(found)

@@ -13,7 +13,8 @@ An exercise's points are split evenly over its tests (every case of a
 ``autograder.rules.feedback.PrerequisiteFailed`` (the method is not followed: right numbers by a way the
 exercise rules out) scores the whole exercise 0. ``forbid=["torch.nn.functional.x", ...]``
 names functions the learner's code must not call (refused at run time and flagged in the cell's
-source); ``timeout=S`` replaces the per-call time limit for this exercise (slow interpreters);
+source) and puts the exercise under the operation allow-list of ``autograder.rules.operations``
+(an operation outside it scores the exercise 0, as a failed prerequisite does); ``timeout=S`` replaces the per-call time limit for this exercise (slow interpreters);
 ``memory_mb=M`` lowers the sandbox's memory limit while this exercise is graded (a fresh worker).
 The verdict is computed here, in the grader process, from pytest's own reports; learner output
 is shown, never parsed. A test that skips itself scores 0 (shown as "skipped: ...").
@@ -26,7 +27,7 @@ from typing import Any, Callable, Iterable
 
 import pytest
 
-from autograder.boundary.causes import LearnerError
+from autograder.boundary.causes import LearnerError, OperationRefused
 from autograder.rules.feedback import PrerequisiteFailed
 from autograder.rules.forbid import detour_message, detours_in_source, forbidden_message, uses_in_source
 
@@ -197,5 +198,5 @@ class Collector:
             score=share if passed else 0.0, passed=passed, message=message, output=output,
             seconds=time.monotonic() - self._start,
             prerequisite=call.excinfo.value.rule if call.excinfo is not None
-            and call.excinfo.errisinstance(PrerequisiteFailed) else ""))
+            and call.excinfo.errisinstance((PrerequisiteFailed, OperationRefused)) else ""))
         return report

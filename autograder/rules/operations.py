@@ -1,0 +1,87 @@
+"""The torch operations learner code may run, per exercise, checked below the names.
+
+Every exercise that forbids a function (``@exercise(..., forbid=[...])``) runs under an
+allow-list of aten operations (``autograder.boundary.guard.operation_limit``, a dispatch mode in
+the worker, installed before any learner cell): ``BASIC`` — the arithmetic, reductions, matmuls,
+views, indexing and creation a from-scratch solution is made of — plus the exercise's own
+``EXTRA``. Whatever the Python name a cell reaches it through (an alias, a module's fast path,
+a private function), an operation outside the set refuses the call, and the whole exercise
+scores 0 with a message naming the operation (``refusal_message``). The forbid lists of names
+stay as the friendly first check on the cell's source.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+_VIEWS = """view _unsafe_view reshape _reshape_alias expand expand_as view_as transpose t permute
+    unsqueeze squeeze select slice narrow split split_with_sizes unbind chunk alias as_strided
+    detach clone contiguous flatten unflatten movedim diagonal unfold"""
+_CREATION = """empty empty_like empty_strided zeros zeros_like ones ones_like full full_like
+    arange linspace eye scalar_tensor lift_fresh lift_fresh_copy new_empty new_empty_strided
+    new_full new_zeros new_ones fill_ zero_ copy_ _to_copy to tril triu tril_ triu_
+    randn randn_like rand rand_like randint randperm normal_ uniform_ random_ multinomial
+    bernoulli exponential_"""
+_INDEXING = """index index_select gather scatter scatter_ scatter_add scatter_add_ index_put
+    index_put_ index_add index_add_ index_copy index_copy_ index_fill_ masked_fill masked_fill_
+    masked_select masked_scatter where nonzero cat stack repeat repeat_interleave flip roll
+    _local_scalar_dense is_nonzero equal item"""
+_ARITHMETIC = """add add_ sub sub_ rsub mul mul_ div div_ neg neg_ exp exp_ exp2 expm1 log log_
+    log2 log1p sqrt rsqrt pow pow_ abs abs_ reciprocal maximum minimum fmax fmin clamp clamp_
+    clamp_min clamp_min_ clamp_max clamp_max_ floor ceil round trunc frac remainder fmod
+    floor_divide sign square addcmul addcdiv lerp nan_to_num isnan isinf isfinite isneginf
+    isposinf eq ne lt le gt ge logical_and logical_or logical_not logical_xor bitwise_and
+    bitwise_or bitwise_or_ bitwise_and_ bitwise_not bitwise_xor"""
+_REDUCTIONS = """sum mean amax amin max min argmax argmin prod any all cumsum cumsum_ sort topk
+    kthvalue count_nonzero"""
+_MATMUL = """mm bmm addmm baddbmm addbmm matmul einsum dot mv vdot outer"""
+BASIC = frozenset(f"aten.{name}" for group in (_VIEWS, _CREATION, _INDEXING, _ARITHMETIC,
+                                                _REDUCTIONS, _MATMUL) for name in group.split())
+
+# What an exercise may run besides BASIC: softmax where attention, not softmax, is the exercise
+# (``aten.softmax`` is the name the dispatcher shows under ``torch.inference_mode``).
+EXTRA: dict[str, frozenset[str]] = {
+    grade_id: frozenset({"aten._softmax", "aten.softmax"})
+    for grade_id in ("causal_attention", "decode_attention", "gqa_attention",
+                     "paged_attention_gather")}
+
+# Friendly words for the operations a cell is likely to reach: what it is, what to do instead.
+HINTS = {
+    "aten._softmax": "softmax (torch.softmax, F.softmax, Tensor.softmax, softmin) is what this "
+                     "exercise asks you to write: subtract the running max, exp, divide by the sum",
+    "aten.softmax": "softmax (torch.softmax, F.softmax, Tensor.softmax) is what this exercise "
+                    "asks you to write: subtract the running max, exp, divide by the sum",
+    "aten.scaled_dot_product_attention": "that is torch's own attention: compute the scores, "
+                                         "the softmax and the weighted sum yourself",
+    "aten.linear": "a linear layer (a module's projection): this exercise needs no weights",
+    "aten._log_softmax": "log_softmax normalises for you: write the max, exp and sum yourself",
+    "aten.logsumexp": "logsumexp is the normaliser this exercise is about: keep m and l yourself",
+    "aten.logcumsumexp": "logcumsumexp is a running normaliser: keep m and l yourself, tile by tile",
+    "aten.linalg_vector_norm": "normalising with a norm skips the max and the sum you are asked "
+                               "to keep",
+    "aten.sigmoid": "a sigmoid is a two-way softmax: write the normaliser yourself",
+    "aten._scaled_dot_product_flash_attention_for_cpu": "that is torch's own attention "
+                                                        "(scaled_dot_product_attention)",
+    "aten._scaled_dot_product_attention_math": "that is torch's own attention "
+                                               "(scaled_dot_product_attention)",
+    "aten._native_multi_head_attention": "that is torch's MultiheadAttention fast path: "
+                                         "compute the scores and the weighted sum yourself",
+}
+
+
+def allowed_operations(exercise: Any) -> frozenset[str] | None:
+    """The operations the learner's code may run while ``exercise`` is graded; ``None`` (no
+    limit) for an exercise that forbids nothing and for a kernel exercise (its cell must be
+    Triton code, checked on its source by ``kernel_rules``)."""
+    if exercise is None or not getattr(exercise, "forbid", ()):
+        return None
+    return BASIC | EXTRA.get(exercise.grade_id, frozenset())
+
+
+def refusal_message(grade_id: str, names: list[str]) -> str:
+    """Why the exercise scores 0: which operations ran that it does not allow, and what each
+    is (``HINTS``)."""
+    lines = [f"`{grade_id}` ran {', '.join(names)}: not among the operations this exercise "
+             "allows, whatever name reaches it (an alias, a module, a private function), so the "
+             "exercise scores 0. Build it from arithmetic, reductions, matmuls and indexing."]
+    lines += [f"{name}: {HINTS[name]}" for name in names if name in HINTS]
+    return "\n".join(lines)
