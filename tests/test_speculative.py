@@ -300,16 +300,22 @@ def test_one_tree_pass_equals_verifying_each_branch_alone():
 
 # ---------------------------------------------------------------- the real model (short)
 
-def test_real_model_first_sampled_token_has_the_targets_distribution(real_model):
-    """SmolLM2 at T = 1, top-6, after 'Once upon a time, there was a'; drafts from its first 28
-    of 30 layers (same filter): 100k first tokens through the accept step follow p."""
-    model, tok = real_model
+def story_first_token(model, tok):
+    """(p, q) float64 for SmolLM2's first token after 'Once upon a time, there was a' at T = 1,
+    top-6: the target, and the layer-skip draft of its first 28 of 30 layers (same filter). Both
+    are cut to the tokens either gives mass to (zero elsewhere: a small vocabulary runs faster)."""
     ids = torch.tensor([tok.encode("Once upon a time, there was a")])
     with torch.inference_mode():
         p = filtered_probs(model(ids)[0, -1], 1.0, top_k=6).double()
         q = filtered_probs(model(ids, num_layers=28)[0, -1], 1.0, top_k=6).double()
-    keep = (p > 0) | (q > 0)          # zero under both elsewhere: a small vocabulary runs faster
-    p, q = p[keep] / p[keep].sum(), q[keep] / q[keep].sum()
+    keep = (p > 0) | (q > 0)
+    return p[keep] / p[keep].sum(), q[keep] / q[keep].sum()
+
+
+def test_real_model_first_sampled_token_has_the_targets_distribution(real_model):
+    """SmolLM2 with layer-skip drafts (story_first_token): 100k first tokens through the accept
+    step follow p."""
+    p, q = story_first_token(*real_model)
     n, gen = 100_000, torch.Generator().manual_seed(0)
     counts, accepted = accept_counts(p, q, n, gen)
     alpha = acceptance_rate(p, q)

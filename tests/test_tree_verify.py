@@ -11,15 +11,7 @@ from reference.decoding import filtered_probs
 from reference.speculative import accept_drafts
 from reference.toy_lm import random_table
 from reference.tree_verify import accept_tree, check_tree
-from test_speculative import chi_square_p_value
-
-
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+from test_speculative import chi_square_p_value, one_thread, story_first_token  # noqa: F401 (fixture)
 
 
 def naive_accept_tree(p, tokens, parents, q, generator):
@@ -155,16 +147,10 @@ def test_the_naive_sibling_rule_fails_the_same_test():
 # ---------------------------------------------------------------- exactness, SmolLM2
 
 def test_smollm2_first_token_from_a_tree_of_layer_skip_drafts(real_model):
-    """Target: SmolLM2 at T = 1, top-6, after 'Once upon a time, there was a'; three siblings
-    drawn from its first 28 of 30 layers (same filter). The exact rule's first tokens follow p,
-    the naive rule's do not."""
-    model, tok = real_model
-    ids = torch.tensor([tok.encode("Once upon a time, there was a")])
-    with torch.inference_mode():
-        p0 = filtered_probs(model(ids)[0, -1], 1.0, top_k=6).double()
-        q0 = filtered_probs(model(ids, num_layers=28)[0, -1], 1.0, top_k=6).double()
-    keep = (p0 > 0) | (q0 > 0)     # zero under both elsewhere: a small vocabulary runs faster
-    p0, q0 = p0[keep] / p0[keep].sum(), q0[keep] / q0[keep].sum()
+    """SmolLM2 with layer-skip drafts (story_first_token), three siblings drawn from q: the exact
+    rule's first tokens follow p, the naive rule's do not. The rows after the siblings only draw
+    the second token, which is not counted: uniform rows stand in for them."""
+    p0, q0 = story_first_token(*real_model)
     vocab, gen, n, m = p0.shape[0], torch.Generator().manual_seed(5), 30_000, 3
     rows = torch.cat([p0[None], torch.full((m, vocab), 1.0 / vocab, dtype=torch.float64)])
     counts = {rule: torch.zeros(vocab, dtype=torch.float64) for rule in (accept_tree, naive_accept_tree)}
