@@ -29,7 +29,7 @@ def chi_square_p_value(counts, probs):
     """p-value of Pearson's test that counts were drawn from probs (cells with probs 0 must be empty)."""
     assert counts[probs == 0].sum() == 0, "a token the target gives probability 0 was emitted"
     keep = probs > 0
-    expected = probs[keep] * counts.sum()
+    expected = probs[keep] / probs[keep].sum() * counts.sum()  # float32 rows sum to 1 only roughly
     return scipy_stats.chisquare(counts[keep].numpy(), expected.numpy()).pvalue
 
 
@@ -81,16 +81,23 @@ def toy_pair(gen, vocab=12, temperature=0.9, top_k=8, top_p=0.95):
     return p, q
 
 
-def test_accept_step_emits_the_target_distribution():
-    """100k draws x ~ q through speculative_accept: the tokens follow p, the acceptances alpha."""
-    gen = torch.Generator().manual_seed(1)
-    p, q = toy_pair(gen)
-    n = 100_000
+def accept_counts(p, q, n, gen):
+    """n drafts x ~ q through speculative_accept: (counts of the emitted tokens, acceptances)."""
     counts, accepted = torch.zeros_like(p, dtype=torch.float64), 0
     for x in torch.multinomial(q, n, replacement=True, generator=gen).tolist():
         ok, token = speculative_accept(p, q, x, gen)
         counts[token] += 1
         accepted += ok
+    return counts, accepted
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_accept_step_emits_the_target_distribution(seed):
+    """100k draws x ~ q through speculative_accept: the tokens follow p, the acceptances alpha."""
+    gen = torch.Generator().manual_seed(seed)
+    p, q = toy_pair(gen)
+    n = 100_000
+    counts, accepted = accept_counts(p, q, n, gen)
     assert 0.5 * (counts / n - p.double()).abs().sum() < 0.01
     assert chi_square_p_value(counts, p.double()) > 1e-3
     alpha = acceptance_rate(p, q)
@@ -292,6 +299,31 @@ def test_one_tree_pass_equals_verifying_each_branch_alone():
 
 
 # ---------------------------------------------------------------- the real model (short)
+
+def story_first_token(model, tok):
+    """(p, q) float64 for SmolLM2's first token after 'Once upon a time, there was a' at T = 1,
+    top-6: the target, and the layer-skip draft of its first 28 of 30 layers (same filter). Both
+    are cut to the tokens either gives mass to (zero elsewhere: a small vocabulary runs faster)."""
+    ids = torch.tensor([tok.encode("Once upon a time, there was a")])
+    with torch.inference_mode():
+        p = filtered_probs(model(ids)[0, -1], 1.0, top_k=6).double()
+        q = filtered_probs(model(ids, num_layers=28)[0, -1], 1.0, top_k=6).double()
+    keep = (p > 0) | (q > 0)
+    return p[keep] / p[keep].sum(), q[keep] / q[keep].sum()
+
+
+def test_real_model_first_sampled_token_has_the_targets_distribution(real_model):
+    """SmolLM2 with layer-skip drafts (story_first_token): 100k first tokens through the accept
+    step follow p."""
+    p, q = story_first_token(*real_model)
+    n, gen = 100_000, torch.Generator().manual_seed(0)
+    counts, accepted = accept_counts(p, q, n, gen)
+    alpha = acceptance_rate(p, q)
+    assert 0.2 < alpha < 0.8, "a drafter that is neither useless nor perfect"
+    assert 0.5 * (counts / n - p).abs().sum() < 0.01
+    assert chi_square_p_value(counts, p) > 1e-3
+    assert abs(accepted / n - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / n)
+
 
 def test_real_model_greedy_output_is_unchanged_by_speculation():
     from reference.model import load_model
