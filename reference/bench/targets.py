@@ -5,7 +5,7 @@ One row per launch configuration (reference/kernels/launches.py lists them), one
 shared memory per block in KiB, registers per thread, bytes spilled per thread, and `OVER` where
 the launch would not fit. Then the verdict of `launches.matrix_problems`. `--slice K/N` builds
 the K-th of N interleaved slices of the matrix (whole autotune groups), which is how the test
-suite spreads the ~20 minutes of a cold build over its runs; built reports are cached.
+suite spreads the ~40 CPU-minutes of a cold build over its runs; built reports are cached.
 
     python -m reference.bench kernels --targets [--slice K/N] [--json PATH]
 """

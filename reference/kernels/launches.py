@@ -190,6 +190,9 @@ OPEN = {
                                     "of shared memory (fix: a smaller key tile or a head-dim split at D > 128)",
     ("paged split", "D=256 BLOCK_H=64", "*"): "64 query heads on one K/V head at D = 256: the [64, 256] "
                                               "query tile and its state outgrow registers (spills)",
+    **{("decode split", "fp32 D=128 BLOCK_H=64", gpu): "64 query heads on one K/V head, fp32 at D = 128: "
+                                                        "96 KiB on a T4, 176 KiB on an A100 (fix: BLOCK_N = 32 "
+                                                        "for fp32 when BLOCK_H * D is large)" for gpu in ("T4", "A100")},
     **{("merge", f"D={d} splits=512", "*"): "the whole [512, D] fp32 state is loaded at once and spills "
                                             "(fix: loop over the splits in chunks)" for d in (64, 128, 256)},
 }
