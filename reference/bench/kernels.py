@@ -9,6 +9,7 @@ and a correctness run of each kernel in Triton's interpreter (timings there mean
 need a GPU).
 
     python -m reference.bench kernels [--quick] [--json PATH]
+    python -m reference.bench kernels --targets [--slice K/N] [--json PATH]   (targets.py: no GPU needed)
 """
 from __future__ import annotations
 
@@ -188,8 +189,15 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m reference.bench kernels", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="N = 1024 and 4096 only")
     parser.add_argument("--json", metavar="PATH", help="also write the rows and their provenance as JSON")
+    parser.add_argument("--targets", action="store_true",
+                        help="compile every kernel for a T4, an A100 and an H100 and print the matrix (no GPU needed)")
+    parser.add_argument("--slice", metavar="K/N", help="with --targets: the K-th of N slices of the matrix")
     parser.add_argument("--interpreter-check", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.targets:
+        from reference.bench import targets
+        targets.main(args.slice, args.json)
+        return
     if args.interpreter_check:                      # the child process started below
         print(json.dumps(interpreter_check()))
         return

@@ -35,12 +35,16 @@ LN2 = tl.constexpr(0.6931471805599453)     # a kernel may read a global only if 
 GPU_CONFIGS = [triton.Config({"BLOCK_M": bm, "BLOCK_N": bn}, num_warps=w, num_stages=s)
                for bm, bn, w, s in [(128, 64, 4, 3), (128, 64, 8, 3), (128, 128, 8, 3), (64, 64, 4, 3)]]
 INTERPRETER_CONFIGS = [triton.Config({"BLOCK_M": 16, "BLOCK_N": 16})]
+# fp32 tiles take twice the bytes, and IEEE fp32 products run on the FMA units, operands in
+# registers: 64 x 64 at D = 128 asks a T4 for 80 KiB of shared memory and an A100 for 176 KiB,
+# over their limits (`python -m reference.bench kernels --targets`); 32 x 32 fits all three.
+FP32_GPU_CONFIG = triton.Config({"BLOCK_M": 32, "BLOCK_N": 32}, num_warps=4, num_stages=2)
 
 
 def _prune_configs(configs, named_args, **kwargs):
-    """fp32 tiles take twice the shared memory: keep the smallest config for them."""
+    """fp32: the smallest tile, at most FP32_GPU_CONFIG's."""
     if named_args["q_ptr"].dtype == torch.float32:
-        return [min(configs, key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
+        return [min(configs + [FP32_GPU_CONFIG], key=lambda c: c.kwargs["BLOCK_M"] * c.kwargs["BLOCK_N"])]
     return configs
 
 
@@ -131,11 +135,11 @@ _kernel = triton.autotune(INTERPRETER_CONFIGS if INTERPRETED else GPU_CONFIGS,
                           prune_configs_by={"early_config_prune": _prune_configs})(_flash_attention_kernel)
 
 
-def dot_options(dtype: torch.dtype) -> dict:
+def dot_options(dtype: torch.dtype, interpreted: bool = INTERPRETED) -> dict:
     """tl.dot settings: true fp32 products for fp32 inputs; bf16 products in fp32 under the
     interpreter, whose tl.dot multiplies bf16 bit patterns as integers (triton-lang/triton#11584).
     Both are exact for bf16 inputs (a bf16 x bf16 product fits in fp32)."""
-    upcast = INTERPRETED and dtype == torch.bfloat16
+    upcast = interpreted and dtype == torch.bfloat16
     return {"PRECISION": "ieee" if dtype == torch.float32 or upcast else "tf32", "DOT_UPCAST": upcast}
 
 

@@ -32,7 +32,8 @@ from reference.kernels.checks import INTERPRETED
 from reference.kernels.decode_attention import attend_tile, default_num_splits, merge_kernel
 from reference.kernels.flash_attention import LOG2E, dot_options
 
-BLOCK_N = 16 if INTERPRETED else 64      # keys per tile; a tile may span several pool blocks
+GPU_BLOCK_N = 64                         # keys per tile on a GPU; a tile may span several pool blocks
+BLOCK_N = 16 if INTERPRETED else GPU_BLOCK_N
 MAX_HEAD_DIM = 256
 
 

@@ -78,12 +78,15 @@ def softmax(x: torch.Tensor) -> torch.Tensor:
     out = checks.empty(rows.shape, rows.dtype, rows.device)
     if rows.shape[0] == 0:
         return out.view(x.shape)
-    block = min(triton.next_power_of_2(n_cols), MAX_BLOCK)
-    num_warps = 4 if block <= 2048 else 8 if block <= 8192 else 16
-    _softmax_kernel[(rows.shape[0],)](rows, out, n_cols, rows.stride(0), out.stride(0),
-                                      BLOCK=block, SINGLE_BLOCK=n_cols <= block,
-                                      num_warps=num_warps)
+    _softmax_kernel[(rows.shape[0],)](rows, out, n_cols, rows.stride(0), out.stride(0), **launch_options(n_cols))
     return out.view(x.shape)
+
+
+def launch_options(n_cols: int) -> dict:
+    """The kernel's constexprs and warps for rows of n_cols: one block up to MAX_BLOCK columns."""
+    block = min(triton.next_power_of_2(n_cols), MAX_BLOCK)
+    return {"BLOCK": block, "SINGLE_BLOCK": n_cols <= block,
+            "num_warps": 4 if block <= 2048 else 8 if block <= 8192 else 16}
 
 
 def softmax_torch(x: torch.Tensor) -> torch.Tensor:
