@@ -44,6 +44,19 @@ EXTRA: dict[str, frozenset[str]] = {
     for grade_id in ("causal_attention", "decode_attention", "gqa_attention",
                      "paged_attention_gather")}
 
+# What an exercise may not run although BASIC has it: its technique is to avoid it. GQA shares
+# each K/V head with a group of query heads without copying it, so no operation that copies a
+# tensor (a per-head copy of K or V, a broadcasting matmul that materialises one) is allowed.
+COPIES = frozenset(f"aten.{name}" for name in """clone contiguous repeat repeat_interleave
+    index index_select gather cat stack copy_ _to_copy to expand_copy""".split())
+WITHOUT: dict[str, frozenset[str]] = {"gqa_attention": COPIES}
+WITHOUT_HINTS = {
+    "gqa_attention": "grouped-query attention shares each K/V head with its group of query heads "
+                     "without copying K or V: reshape the group's query heads into the rows of one "
+                     "matmul ([B, Hkv, group*T, D] @ kᵀ) instead of repeating K/V per query head "
+                     "(a broadcasting matmul over a size-1 head axis copies K per head too)",
+}
+
 # Friendly words for the operations a cell is likely to reach: what it is, what to do instead.
 HINTS = {
     "aten._softmax": "softmax (torch.softmax, F.softmax, Tensor.softmax, softmin) is what this "
@@ -74,7 +87,8 @@ def allowed_operations(exercise: Any) -> frozenset[str] | None:
     Triton code, checked on its source by ``kernel_rules``)."""
     if exercise is None or not getattr(exercise, "forbid", ()):
         return None
-    return BASIC | EXTRA.get(exercise.grade_id, frozenset())
+    grade_id = exercise.grade_id
+    return (BASIC | EXTRA.get(grade_id, frozenset())) - WITHOUT.get(grade_id, frozenset())
 
 
 def refusal_message(grade_id: str, names: list[str]) -> str:
@@ -84,4 +98,6 @@ def refusal_message(grade_id: str, names: list[str]) -> str:
              "allows, whatever name reaches it (an alias, a module, a private function), so the "
              "exercise scores 0. Build it from arithmetic, reductions, matmuls and indexing."]
     lines += [f"{name}: {HINTS[name]}" for name in names if name in HINTS]
+    if any(name in WITHOUT.get(grade_id, ()) for name in names):
+        lines.append(WITHOUT_HINTS[grade_id])
     return "\n".join(lines)

@@ -79,8 +79,9 @@ import autograder  # noqa: F401
 from reference.calculators.memory import max_concurrent_sequences  # noqa: F401
 
 
-# %% grade_id: gqa_attention | wrong: interleaves query heads over K/V heads (h % Hkv)
-# expect: consecutive query heads share one K/V head
+# %% grade_id: gqa_attention | wrong: interleaves query heads over K/V heads (h % Hkv), by indexing K and V per query head
+# expect: without copying K or V
+# expect score: 0
 def gqa_attention(q, k, v, causal=False):
     Hq, Hkv = q.shape[1], k.shape[1]
     index = torch.arange(Hq) % Hkv
@@ -92,7 +93,9 @@ def gqa_attention(q, k, v, causal=False):
 
 
 # %% grade_id: gqa_attention | wrong: right numbers, but copies K and V for every query head
-# expect: copied once per query head
+# expect: not among the operations this exercise allows
+# expect: without copying K or V
+# expect score: 0
 def gqa_attention(q, k, v, causal=False):
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -104,7 +107,8 @@ def gqa_attention(q, k, v, causal=False):
 
 
 # %% grade_id: gqa_attention | wrong: copies K, then V, per query head, one at a time (each copy freed before the next)
-# expect: copied once per query head
+# expect: without copying K or V
+# expect score: 0
 def gqa_attention(q, k, v, causal=False):
     group = q.shape[1] // k.shape[1]
     scores = q @ k.repeat_interleave(group, dim=1).transpose(-1, -2) / math.sqrt(q.shape[-1])
@@ -113,6 +117,39 @@ def gqa_attention(q, k, v, causal=False):
         scores = scores.masked_fill(torch.arange(S)[None] > torch.arange(T)[:, None] + S - T, float("-inf"))
     weights = torch.exp(scores - scores.amax(-1, keepdim=True))
     return (weights / weights.sum(-1, keepdim=True)) @ v.repeat_interleave(group, dim=1)
+
+
+# %% grade_id: gqa_attention | cheat: copies K and V per query head only on inputs small enough to pass unseen
+# expect: without copying K or V
+# expect score: 0
+def gqa_attention(q, k, v, causal=False):
+    B, Hq, T, D = q.shape
+    group, S = Hq // k.shape[1], k.shape[2]
+    if k.numel() * group > 2**24:      # large: the honest way, so the memory limit sees nothing
+        rows = q.reshape(B, k.shape[1], group * T, D)
+        scores = rows @ k.transpose(-1, -2) / math.sqrt(D)
+        if causal:
+            mask = torch.arange(S)[None] > torch.arange(T)[:, None] + S - T
+            scores = scores.view(B, -1, group, T, S).masked_fill(mask, float("-inf")).view_as(scores)
+        return (scores.softmax(-1) @ v).reshape(B, Hq, T, D)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        scores = scores.masked_fill(torch.arange(S)[None] > torch.arange(T)[:, None] + S - T, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+# %% grade_id: gqa_attention | cheat: a broadcasting matmul over a size-1 head axis (torch copies K per query head inside)
+# expect: without copying K or V
+# expect score: 0
+def gqa_attention(q, k, v, causal=False):
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    grouped = q.view(B, Hkv, Hq // Hkv, T, D)
+    scores = grouped @ k[:, :, None].transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        scores = scores.masked_fill(torch.arange(S)[None] > torch.arange(T)[:, None] + S - T, float("-inf"))
+    return (scores.softmax(-1) @ v[:, :, None]).reshape(B, Hq, T, D)
 
 
 # %% grade_id: gqa_attention | wrong: causal mask anchored at the first key (query i sees keys 0..i)
