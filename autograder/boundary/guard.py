@@ -135,10 +135,14 @@ def _limit_mode():
             super().__init__()
             self.allowed = frozenset(allowed)
             self.refused: list[str] = []
+            self.verdicts: dict = {}    # operation -> allowed, looked up once per call
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            name = operation_name(func)
-            if name not in self.allowed and not _PAUSED[0]:
+            allowed = self.verdicts.get(func)
+            if allowed is None:
+                allowed = self.verdicts[func] = operation_name(func) in self.allowed
+            if not allowed and not _PAUSED[0]:
+                name = operation_name(func)
                 if name not in self.refused:
                     self.refused.append(name)
                 raise ForbiddenOperationError([name])
