@@ -19,6 +19,7 @@ Grader side (may import the wire, ``reference`` and ``autograder.rules``):
 
 - ``sandbox``    ``SandboxLearner``, the learner API the grader tests use, with time limits
 - ``process``    one worker process: start, exchange a request under a deadline, kill
+- ``budget``     the learner time a submission may spend over all its calls and restarts
 - ``isolation``  which sandbox this machine allows, what the worker must see and not see
 - ``store``      the reference models and caches that answer the proxies
 """

@@ -21,10 +21,10 @@ from __future__ import annotations
 
 import shutil
 import tempfile
-import time
 from pathlib import Path
 from typing import Any, Iterable
 
+from autograder.boundary.budget import TimeBudget
 from autograder.boundary.causes import LearnerError, OperationRefused
 from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delete_leftovers
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
@@ -58,7 +58,7 @@ class SandboxLearner(GraderSideTrace):
                  memory_mb: int = 4096, hide: Iterable[str | Path] = (), isolate: bool = True,
                  budget: float = 600, forbid: Iterable[str] = ()):
         self.cells, self.timeout, self.memory_mb = list(cells), timeout, memory_mb
-        self.budget, self._spent = budget, 0.0
+        self.budget = TimeBudget(budget)
         self.forbid = set(forbid)  # guarded in the worker, with every forbid of REGISTRY
         self.cell_errors: dict[str, str] = {}
         self.store = ReferenceStore()
@@ -115,12 +115,10 @@ class SandboxLearner(GraderSideTrace):
 
     def _ensure_worker(self) -> None:
         while not self.worker.running:
-            if self._spent >= self.budget:
-                raise LearnerError(f"time budget exhausted ({self.budget:g} s for the whole "
-                                   "submission): this test was not run")
-            start = time.monotonic()
+            self.budget.require()
             try:
-                self._spawn()
+                with self.budget.charged():   # restarts count too
+                    self._spawn()
             except RuntimeError as exc:
                 if self._spawned or isinstance(exc, SandboxUnavailable):
                     raise
@@ -128,8 +126,6 @@ class SandboxLearner(GraderSideTrace):
                     f"the Python environment does not work inside the sandbox: {exc}\nGrading "
                     "refused. Grade with a Python installed where the sandbox can read it, or "
                     "pass --no-isolation if you trust the submissions") from None
-            finally:  # restarts count: a submission that crashes every call must not stall us
-                self._spent += time.monotonic() - start
             self._spawned = True   # from now on a failed start may be the learner's doing
             for grade_id, source in self.cells:
                 if grade_id in self.cell_errors:
@@ -152,24 +148,20 @@ class SandboxLearner(GraderSideTrace):
 
     # -- one request, within the time limits ---------------------------------------------------
     def _request(self, request: dict) -> Any:
-        left = self.budget - self._spent
-        if left <= 0:
-            raise LearnerError(f"time budget exhausted ({self.budget:g} s for the whole "
-                               "submission): this test was not run")
+        self.budget.require()
         limit = self.timeout if self.exercise is None or self.exercise.timeout is None \
             else self.exercise.timeout
+        left = self.budget.left
         self.worker.take_log()
-        start = time.monotonic()
         try:
-            reply = self.worker.exchange(request, start + min(limit, left),
-                                         "while running your code", self.store.handle)
+            with self.budget.charged() as start:
+                reply = self.worker.exchange(request, start + min(limit, left),
+                                             "while running your code", self.store.handle)
         except TimeoutError:
-            if left < limit:
-                raise LearnerError(f"time budget exhausted ({self.budget:g} s for the whole "
-                                   "submission)") from None
-            raise LearnerError(f"timed out after {limit:g} s — an infinite loop?") from None
+            raise LearnerError(f"time budget exhausted ({self.budget.total:g} s for the whole "
+                               "submission)" if left < limit else
+                               f"timed out after {limit:g} s — an infinite loop?") from None
         finally:
-            self._spent += time.monotonic() - start
             self.worker.take_log()
         if not reply.get("ok"):
             refused = reply.get("refused_ops")
