@@ -56,6 +56,7 @@ class LocalLearner(GraderSideTrace):
         self.store = ReferenceStore()
         self.exercise = None
         self._side = LearnerSide(self._remote)
+        self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self._guard: Guard | None = None
 
     @classmethod
@@ -86,6 +87,7 @@ class LocalLearner(GraderSideTrace):
                 self._guard = guard.install()
 
     def _run(self, target: Callable, args: tuple, kwargs: dict, limit_ops: bool = True) -> Any:
+        self.largest_allocation = 0
         args, kwargs = self._side.args(_copy(to_wire((args, kwargs), self.store.register)))
         self.store.trace.clear()
         forbid = self.exercise.forbid if self.exercise is not None else ()
@@ -97,6 +99,7 @@ class LocalLearner(GraderSideTrace):
                 value = target(*args, **kwargs)
             if limit.refused:
                 raise ForbiddenOperationError(limit.refused)
+            self.largest_allocation = limit.largest
         except Exception as exc:
             if limit.refused:
                 raise OperationRefused(refusal_message(self.exercise.grade_id, limit.refused),

@@ -486,3 +486,25 @@ def test_the_worker_refuses_an_operation_outside_the_allowed_set():
         torch.testing.assert_close(learner.call("norm", x), torch.softmax(x, -1))
     finally:
         learner.close()
+
+
+def test_the_largest_allocation_of_a_call_is_recorded_on_every_size():
+    """Bounded memory, seen by the dispatch mode: the whole score matrix shows up at any size,
+    a tiled loop stays at a tile's size."""
+    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.rules.plugin import Exercise
+    cells = [("whole", "def whole(q, k):\n    return (q @ k.T).amax(-1)"),
+             ("tiled", "def tiled(q, k, tile):\n    best = torch.full((q.shape[0],), float('-inf'))\n"
+                       "    for j in range(0, k.shape[0], tile):\n"
+                       "        best = torch.maximum(best, (q @ k[j:j + tile].T).amax(-1))\n"
+                       "    return best")]
+    learner = SandboxLearner(cells, timeout=30)
+    try:
+        learner.begin(Exercise("whole", 1, forbid=("torch.softmax",)))
+        q, k = torch.randn(48, 8), torch.randn(40, 8)
+        torch.testing.assert_close(learner.call("whole", q, k), (q @ k.T).amax(-1))
+        assert learner.largest_allocation == 48 * 40 * 4
+        torch.testing.assert_close(learner.call("tiled", q, k, 8), (q @ k.T).amax(-1))
+        assert learner.largest_allocation == 48 * 8 * 4
+    finally:
+        learner.close()

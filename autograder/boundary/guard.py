@@ -15,6 +15,8 @@ import functools
 import importlib
 from typing import Any, Iterable, Iterator
 
+import torch
+
 SEARCHED = ("torch", "torch.nn.functional", "torch._C._nn", "torch.functional", "torch.special")
 
 
@@ -129,26 +131,47 @@ def _limit_mode():
         """While active, every aten operation the learner's code runs is checked against
         ``allowed`` (names such as ``aten.exp``) at the dispatcher, below every Python name a
         cell could use. The first one outside raises ``ForbiddenOperationError`` and is kept in
-        ``refused``, so that catching the error does not hide it."""
+        ``refused``, so that catching the error does not hide it. ``largest`` is the size in
+        bytes of the largest tensor any allowed operation allocated (views of an input do not
+        count): a grader checks "bounded memory" with it on every test size."""
 
         def __init__(self, allowed: Iterable[str]):
             super().__init__()
             self.allowed = frozenset(allowed)
             self.refused: list[str] = []
             self.verdicts: dict = {}    # operation -> allowed, looked up once per call
+            self.largest = 0            # bytes of the largest tensor an operation allocated
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             allowed = self.verdicts.get(func)
             if allowed is None:
                 allowed = self.verdicts[func] = operation_name(func) in self.allowed
-            if not allowed and not _PAUSED[0]:
+            if _PAUSED[0]:
+                return func(*args, **(kwargs or {}))
+            if not allowed:
                 name = operation_name(func)
                 if name not in self.refused:
                     self.refused.append(name)
                 raise ForbiddenOperationError([name])
-            return func(*args, **(kwargs or {}))
+            out = func(*args, **(kwargs or {}))
+            self.largest = max(self.largest, _allocated(out, args, kwargs))
+            return out
 
     return OperationLimit
+
+
+def _storages(value: Any) -> list:
+    if isinstance(value, (list, tuple)):
+        return [s for v in value for s in _storages(v)]
+    if isinstance(value, dict):
+        return [s for v in value.values() for s in _storages(v)]
+    return [value.untyped_storage()] if isinstance(value, torch.Tensor) else []
+
+
+def _allocated(out: Any, args: tuple, kwargs: dict | None) -> int:
+    """Bytes of the largest tensor in ``out`` whose storage is new (not a view of an input)."""
+    inputs = {s.data_ptr() for s in _storages((args, kwargs or {})) if s.nbytes()}
+    return max((s.nbytes() for s in _storages(out) if s.data_ptr() not in inputs), default=0)
 
 
 def operation_limit(allowed: Iterable[str] | None):
@@ -161,3 +184,4 @@ def operation_limit(allowed: Iterable[str] | None):
 
 class _NoLimit(contextlib.nullcontext):
     refused: list[str] = []
+    largest = 0

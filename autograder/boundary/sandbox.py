@@ -63,6 +63,7 @@ class SandboxLearner(GraderSideTrace):
         self.cell_errors: dict[str, str] = {}
         self.store = ReferenceStore()
         self.exercise = None
+        self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self._handles: set[int] = set()
         self._spawned = False
         self.mode, uid, self.isolation = choose_mode(isolate)
@@ -148,6 +149,7 @@ class SandboxLearner(GraderSideTrace):
 
     # -- one request, within the time limits ---------------------------------------------------
     def _request(self, request: dict) -> Any:
+        self.largest_allocation = 0
         self.budget.require()
         limit = self.timeout if self.exercise is None or self.exercise.timeout is None \
             else self.exercise.timeout
@@ -169,6 +171,8 @@ class SandboxLearner(GraderSideTrace):
                 names = [str(n) for n in refused][:10]
                 raise OperationRefused(refusal_message(self.exercise.grade_id, names), names)
             raise LearnerError(str(reply.get("error", "unknown error"))[:2000])
+        largest = reply.get("largest")
+        self.largest_allocation = int(largest) if isinstance(largest, int) else 0
         return from_wire(reply.get("value"))
 
     def take_output(self) -> str:

@@ -196,15 +196,17 @@ class Worker:
             finally:
                 if limit.refused:   # even when the learner's code caught the error
                     raise ForbiddenOperationError(limit.refused)
+            self.largest = limit.largest
             return self.side.result(value)
 
     def handle(self, request: dict) -> dict:
+        self.largest = 0
         try:
             if request["op"] == "exec":
                 value = self.exec_cell(request["grade_id"], request["source"])
             else:
                 value = self.call(request)
-            reply = {"op": "done", "ok": True, "value": value}
+            reply = {"op": "done", "ok": True, "value": value, "largest": self.largest}
         except ForbiddenOperationError as exc:
             reply = {"op": "done", "ok": False, "error": str(exc), "refused_ops": exc.names}
         except BaseException as exc:  # noqa: BLE001 - learner code may raise anything
