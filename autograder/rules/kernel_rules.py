@@ -378,6 +378,19 @@ def _reachable(kernel: str, functions: dict[str, ast.FunctionDef]) -> list[ast.F
     return order
 
 
+def _unseen_callees(tree: ast.Module, kernel: str) -> set[str]:
+    """Functions that ``kernel`` (or a jit function it calls) calls by a bare name that
+    ``tree`` neither defines as a jit function nor imports: a helper of the cell when only the
+    kernel's own source could be had (``check()`` in a notebook), where no verdict on the
+    whole kernel can be given. (A whole cell has none: ``cell_problem`` refuses the rest.)"""
+    functions = _jit_functions(tree)
+    imported = {a.asname or a.name.split(".")[0] for n in tree.body
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    return {c.func.id for f in _reachable(kernel, functions) for c in ast.walk(f)
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+            and c.func.id not in set(functions) | imported | SAFE_BUILTINS}
+
+
 def fixed_size_aranges(source: str, kernel: str) -> list[str]:
     """``tl.arange`` calls of ``kernel`` (and the jit functions it calls) whose size is not a
     parameter: ``"line 12: tl.arange(0, 128)"`` for each. In the kernel the end must be one of
@@ -404,7 +417,8 @@ def key_loops(source: str, kernel: str) -> list[int] | None:
     calls (a split's keys are read in one pass when there is exactly one); None when
     ``source`` has no @triton.jit function ``kernel``."""
     tree = ast.parse(source)
-    if kernel not in _jit_functions(tree):
+    functions = _jit_functions(tree)
+    if kernel not in functions or _unseen_callees(tree, kernel):
         return None
     return sorted(n.lineno for f in _reachable(kernel, _jit_functions(tree))
                   for n in ast.walk(f) if isinstance(n, (ast.For, ast.While)))
@@ -476,7 +490,7 @@ def rescales_in_loop(source: str, kernel: str) -> bool | None:
     functions = _jit_functions(tree)
     loops = [(f, n) for f in _reachable(kernel, functions) for n in ast.walk(f)
              if isinstance(n, (ast.For, ast.While))]
-    if len(loops) != 1:
+    if len(loops) != 1 or _unseen_callees(tree, kernel):
         return None
     function, loop = loops[0]
     inside = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
