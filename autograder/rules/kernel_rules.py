@@ -17,7 +17,10 @@ So a kernel cell must be Triton code, which these rules check on the AST (nothin
 
 ``cell_problem`` applies these to any kernel; graders add their exercise's own rules with
 ``reachable_calls`` (an operation that counts only where it can run) and ``loop_problem`` (a loop
-over keys must step a whole tile at a time; ``require_tile_loop`` fails a grader test with it).
+over keys must step a whole tile at a time; ``require_tile_loop`` fails a grader test with it),
+``fixed_size_aranges`` (a tile whose size the cell fixes instead of the launcher's constexpr),
+``key_loops`` (one pass or two) and ``rescales_in_loop`` (the online softmax's running rescale:
+what tells a one-pass reduction from a two-pass one with the same numbers).
 """
 from __future__ import annotations
 
