@@ -17,7 +17,10 @@ So a kernel cell must be Triton code, which these rules check on the AST (nothin
 
 ``cell_problem`` applies these to any kernel; graders add their exercise's own rules with
 ``reachable_calls`` (an operation that counts only where it can run) and ``loop_problem`` (a loop
-over keys must step a whole tile at a time; ``require_tile_loop`` fails a grader test with it).
+over keys must step a whole tile at a time; ``require_tile_loop`` fails a grader test with it),
+``fixed_size_aranges`` (a tile whose size the cell fixes instead of the launcher's constexpr),
+``key_loops`` (one pass or two) and ``rescales_in_loop`` (the online softmax's running rescale:
+what tells a one-pass reduction from a two-pass one with the same numbers).
 """
 from __future__ import annotations
 
@@ -360,3 +363,141 @@ def require_tile_loop(learner: Any, kernel: str, tile: str, advice: str) -> None
     problem = source and loop_problem(source, kernel, tile)
     if problem:
         raise AssertionError(f"{kernel}: {problem}. {advice}")
+
+
+def _jit_functions(tree: ast.Module) -> dict[str, ast.FunctionDef]:
+    return {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef) and _is_jit(n)}
+
+
+def _reachable(kernel: str, functions: dict[str, ast.FunctionDef]) -> list[ast.FunctionDef]:
+    """``kernel`` and the @triton.jit functions it calls, directly or not (kernel first)."""
+    order, todo = [], [kernel]
+    while todo:
+        name = todo.pop(0)
+        if name in functions and functions[name] not in order:
+            order.append(functions[name])
+            todo += [c.func.id for c in ast.walk(functions[name])
+                     if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)]
+    return order
+
+
+def _unseen_callees(tree: ast.Module, kernel: str) -> set[str]:
+    """Functions that ``kernel`` (or a jit function it calls) calls by a bare name that
+    ``tree`` neither defines as a jit function nor imports: a helper of the cell when only the
+    kernel's own source could be had (``check()`` in a notebook), where no verdict on the
+    whole kernel can be given. (A whole cell has none: ``cell_problem`` refuses the rest.)"""
+    functions = _jit_functions(tree)
+    imported = {a.asname or a.name.split(".")[0] for n in tree.body
+                if isinstance(n, (ast.Import, ast.ImportFrom)) for a in n.names}
+    return {c.func.id for f in _reachable(kernel, functions) for c in ast.walk(f)
+            if isinstance(c, ast.Call) and isinstance(c.func, ast.Name)
+            and c.func.id not in set(functions) | imported | SAFE_BUILTINS}
+
+
+def fixed_size_aranges(source: str, kernel: str) -> list[str]:
+    """``tl.arange`` calls of ``kernel`` (and the jit functions it calls) whose size is not a
+    parameter: ``"line 12: tl.arange(0, 128)"`` for each. In the kernel the end must be one of
+    its ``tl.constexpr`` parameters (the launcher's BLOCK sizes); in a helper, one of its
+    parameters. A tile of a size the cell fixes covers the keys a grader happens to use, not
+    the split the launcher asks for."""
+    tree = ast.parse(source)
+    functions = _jit_functions(tree)
+    found = []
+    for function in _reachable(kernel, functions):
+        sizes = _constexprs(function) if function.name == kernel else {
+            a.arg for a in function.args.posonlyargs + function.args.args + function.args.kwonlyargs}
+        for call in (n for n in ast.walk(function) if isinstance(n, ast.Call)):
+            if not ast.unparse(call.func).endswith("arange") or not call.args:
+                continue
+            end = call.args[-1]
+            if not (isinstance(end, ast.Name) and end.id in sizes):
+                found.append(f"line {call.lineno}: {ast.unparse(call)}")
+    return found
+
+
+def key_loops(source: str, kernel: str) -> list[int] | None:
+    """Line numbers of every ``for``/``while`` loop of ``kernel`` and of the jit functions it
+    calls (a split's keys are read in one pass when there is exactly one); None when
+    ``source`` has no @triton.jit function ``kernel``."""
+    tree = ast.parse(source)
+    functions = _jit_functions(tree)
+    if kernel not in functions or _unseen_callees(tree, kernel):
+        return None
+    return sorted(n.lineno for f in _reachable(kernel, _jit_functions(tree))
+                  for n in ast.walk(f) if isinstance(n, (ast.For, ast.While)))
+
+
+def _exp_call(node: ast.AST) -> bool:
+    """``tl.exp(x)`` / ``tl.exp2(x)`` / ``tl.math.exp(x)`` / ``x.exp()`` of a non-constant x."""
+    if not isinstance(node, ast.Call):
+        return False
+    name = node.func.attr if isinstance(node.func, ast.Attribute) else \
+        node.func.id if isinstance(node.func, ast.Name) else ""
+    if name not in ("exp", "exp2"):
+        return False
+    argument = node.args[0] if node.args else getattr(node.func, "value", None)
+    return argument is not None and not all(
+        isinstance(n, (ast.Constant, ast.UnaryOp, ast.BinOp, ast.unaryop, ast.operator, ast.Load))
+        for n in ast.walk(argument))
+
+
+def _rescales(statements: list[ast.stmt], carried: set[str],
+              functions: dict[str, ast.FunctionDef], seen: set[str]) -> bool:
+    """Whether ``statements`` multiply a name of ``carried`` by an exp(...) factor (the call
+    itself or a name assigned from an expression holding one), as ``x = x * alpha + ...`` or
+    ``x *= alpha``, here or in a jit function they call with such a name as an argument."""
+    nodes = [n for s in statements for n in ast.walk(s)]
+    factors: set[str] = set()
+    for _ in range(3):                       # alpha = tl.exp(...); a2 = alpha[:, None]; ...
+        for node in nodes:
+            if isinstance(node, ast.Assign) and any(
+                    _exp_call(n) or (isinstance(n, ast.Name) and n.id in factors)
+                    for n in ast.walk(node.value)):
+                factors |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+
+    def is_factor(node: ast.AST) -> bool:
+        return any(_exp_call(n) or (isinstance(n, ast.Name) and n.id in factors)
+                   for n in ast.walk(node))
+
+    def is_carried(node: ast.AST) -> bool:
+        while isinstance(node, ast.Subscript):
+            node = node.value
+        return isinstance(node, ast.Name) and node.id in carried
+
+    for node in nodes:
+        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Mult) \
+                and is_carried(node.target) and is_factor(node.value):
+            return True
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and (
+                (is_carried(node.left) and is_factor(node.right))
+                or (is_carried(node.right) and is_factor(node.left))):
+            return True
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id in functions and node.func.id not in seen:
+            helper = functions[node.func.id]
+            params = [a.arg for a in helper.args.posonlyargs + helper.args.args]
+            passed = {params[i] for i, a in enumerate(node.args[:len(params)]) if is_carried(a)}
+            passed |= {k.arg for k in node.keywords if k.arg and is_carried(k.value)}
+            if passed and _rescales(helper.body, passed, functions, seen | {helper.name}):
+                return True
+    return False
+
+
+def rescales_in_loop(source: str, kernel: str) -> bool | None:
+    """Whether the one key loop of ``kernel`` (or of a jit function it calls) multiplies a
+    running value (assigned before the loop and again inside it) by an ``exp(...)`` factor,
+    the online softmax's ``acc * exp(m_old - m_new)``; None when there is not exactly one loop
+    (see ``key_loops``). A static look: a two-pass reduction (the max first, then the sums) has
+    the same numbers, and only its code shows that it never rescales."""
+    tree = ast.parse(source)
+    functions = _jit_functions(tree)
+    loops = [(f, n) for f in _reachable(kernel, functions) for n in ast.walk(f)
+             if isinstance(n, (ast.For, ast.While))]
+    if len(loops) != 1 or _unseen_callees(tree, kernel):
+        return None
+    function, loop = loops[0]
+    inside = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+    before = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)
+              and isinstance(n.ctx, ast.Store) and n.lineno < loop.lineno}
+    before |= {a.arg for a in function.args.posonlyargs + function.args.args}
+    return _rescales(loop.body, inside & before, functions, {function.name})

@@ -43,41 +43,52 @@ def pick_flash(gpu: str, training: bool, head_dim: int = 64) -> tuple[int, str]:
     return 4, "Blackwell: FlashAttention-4 targets its asynchronous MMA and tensor memory"
 
 
-# %% grade_id: split_decode_attention
+# %% grade_id: decode_split
 import math
 
 import torch
 from torch import Tensor
 
 
-def split_decode_attention(q: Tensor, k: Tensor, v: Tensor, num_splits: int) -> Tensor:
-    """Flash decoding: softmax(q k^T / sqrt(D)) v for one query per sequence and head.
+def decode_split(q: Tensor, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """First stage of flash decoding: the partial softmax state of ONE split of the keys.
 
-    q: [B, Hq, D], k and v: [B, Hkv, N, D] with Hq a multiple of Hkv (query head h reads K/V
-    head h // (Hq // Hkv)). The N keys are cut into num_splits contiguous chunks of
-    ceil(N / num_splits) keys (the last ones may be shorter or empty); each chunk is reduced to
-    a partial state (m, l, o) on its own, then the states are merged. Returns [B, Hq, D] in
-    q's dtype. torch.softmax and scaled_dot_product_attention are not allowed.
+    q: [B, Hq, D], one query per sequence and head; k and v: [B, Hkv, n, D], the n keys of one
+    split (n may be 0), with Hq a multiple of Hkv (query head h reads K/V head h // (Hq // Hkv)).
+    With scores x_j = q . k_j / sqrt(D) over the split's keys, returns (m, l, o):
+    m [B, Hq] = max_j x_j, l [B, Hq] = sum_j exp(x_j - m), o [B, Hq, D] = sum_j exp(x_j - m) v_j
+    (not divided by l), in q's dtype. A split without keys returns (-inf, 0, 0).
+    torch.softmax, logsumexp, log_softmax and scaled_dot_product_attention are not allowed.
     """
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    n_keys = k.shape[2]
-    chunk = -(-n_keys // num_splits)
-    states = []
-    for split in range(num_splits):
-        keys = slice(split * chunk, min((split + 1) * chunk, n_keys))
-        scores = torch.einsum("bhd,bhnd->bhn", q, k[:, :, keys]) / math.sqrt(q.shape[-1])
-        if scores.shape[-1] == 0:
-            continue                                  # an empty split adds nothing
-        m = scores.amax(dim=-1)
-        p = torch.exp(scores - m[..., None])
-        states.append((m, p.sum(dim=-1), torch.einsum("bhn,bhnd->bhd", p, v[:, :, keys])))
-    m_all = torch.stack([m for m, _, _ in states]).amax(dim=0)
-    l_all, o_all = torch.zeros_like(m_all), torch.zeros_like(q)
-    for m, l, o in states:
-        weight = torch.exp(m - m_all)
-        l_all = l_all + weight * l
-        o_all = o_all + weight[..., None] * o
+    if k.shape[2] == 0:                               # no keys: the empty state
+        m = q.new_full(q.shape[:2], float("-inf"))
+        return m, torch.zeros_like(m), torch.zeros_like(q)
+    scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(q.shape[-1])
+    m = scores.amax(dim=-1)
+    p = torch.exp(scores - m[..., None])
+    return m, p.sum(dim=-1), torch.einsum("bhn,bhnd->bhd", p, v)
+
+
+# %% grade_id: merge_splits
+import torch
+from torch import Tensor
+
+
+def merge_splits(m: Tensor, l: Tensor, o: Tensor) -> Tensor:
+    """Second stage of flash decoding: merge the splits' partial states into the output.
+
+    m and l: [B, Hq, S], o: [B, Hq, S, D]: split s's state (m_s, l_s, o_s) as decode_split
+    returns it (o_s not divided by l_s; a split without keys has m_s = -inf, l_s = 0, o_s = 0;
+    every row has at least one split with keys). With M = max_s m_s, returns
+    out [B, Hq, D] = sum_s exp(m_s - M) o_s / sum_s exp(m_s - M) l_s, in o's dtype.
+    torch.softmax, logsumexp, log_softmax and scaled_dot_product_attention are not allowed.
+    """
+    m_all = m.amax(dim=-1, keepdim=True)              # M, over the splits
+    weight = torch.exp(m - m_all)                     # exp(m_s - M): 0 for an empty split
+    l_all = (weight * l).sum(dim=-1)
+    o_all = (weight[..., None] * o).sum(dim=-2)
     return o_all / l_all[..., None]
 
 

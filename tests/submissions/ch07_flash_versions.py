@@ -37,6 +37,35 @@ none may earn the exercise's full points.
 #         return 4, "Hopper: FlashAttention-4 runs on it too"
 
 
+# %% grade_id: pick_flash | cheat: the right versions, and one reason that lists every generation
+# expect: names 7 architecture generations
+# expect score: 0
+# replace:
+#     generation = generations[name]
+# with:
+#     generation = generations[name]
+#     version = pick_flash_version(generation, training, head_dim)[0]
+#     return version, "Pascal, Volta, Turing, Ampere, Ada, Hopper or Blackwell: it depends"
+#
+#
+# def pick_flash_version(generation, training, head_dim):
+
+
+# %% grade_id: pick_flash | cheat: the right versions, with a reason about FlashAttention in general
+# expect: architecture generations
+# expect score: 0
+# replace:
+#     generation = generations[name]
+# with:
+#     generation = generations[name]
+#     version = pick_flash_version(generation, training, head_dim)[0]
+#     return version, ("FlashAttention covers Blackwell, Hopper, Ada, Ampere and Turing (FA1 only), "
+#                      "never Volta or Pascal")
+#
+#
+# def pick_flash_version(generation, training, head_dim):
+
+
 # %% grade_id: pick_flash | cheat: imports the reference rule
 # expect: is not allowed
 from reference.calculators.flash_versions import pick_flash  # noqa: F401
@@ -57,32 +86,15 @@ def pick_flash(gpu, training, head_dim=64):
     raise FileNotFoundError("reference/calculators/flash_versions.py is not readable from here")
 
 
-# %% grade_id: split_decode_attention | wrong: adds the partial states without rescaling
-# expect: without rescaling
+# %% grade_id: decode_split | wrong: divides o by l (the merge needs the unnormalised sum)
+# expect: o was divided by l
 # replace:
-#         weight = torch.exp(m - m_all)
-#         l_all = l_all + weight * l
-#         o_all = o_all + weight[..., None] * o
+#     return m, p.sum(dim=-1), torch.einsum("bhn,bhnd->bhd", p, v)
 # with:
-#         l_all = l_all + l
-#         o_all = o_all + o
+#     return m, p.sum(dim=-1), torch.einsum("bhn,bhnd->bhd", p, v) / p.sum(dim=-1)[..., None]
 
 
-# %% grade_id: split_decode_attention | wrong: averages the splits' outputs
-# expect: normalised outputs were averaged
-# replace:
-#     m_all = torch.stack([m for m, _, _ in states]).amax(dim=0)
-#     l_all, o_all = torch.zeros_like(m_all), torch.zeros_like(q)
-#     for m, l, o in states:
-#         weight = torch.exp(m - m_all)
-#         l_all = l_all + weight * l
-#         o_all = o_all + weight[..., None] * o
-#     return o_all / l_all[..., None]
-# with:
-#     return sum(o / l[..., None] for _, l, o in states) / len(states)
-
-
-# %% grade_id: split_decode_attention | wrong: repeat() instead of repeat_interleave (wrong K/V head)
+# %% grade_id: decode_split | wrong: repeat() instead of repeat_interleave (wrong K/V head)
 # expect: h // (Hq // Hkv)
 # replace:
 #     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
@@ -90,73 +102,175 @@ def pick_flash(gpu, training, head_dim=64):
 #     k, v = k.repeat(1, group, 1, 1), v.repeat(1, group, 1, 1)
 
 
-# %% grade_id: split_decode_attention | wrong: chunk = N // num_splits drops the tail
-# expect: keys were dropped
+# %% grade_id: decode_split | wrong: exp(x) without subtracting the split's max
+# expect: not exp(x_j - m)
 # replace:
-#     chunk = -(-n_keys // num_splits)
+#     p = torch.exp(scores - m[..., None])
 # with:
-#     chunk = n_keys // num_splits
+#     p = torch.exp(scores)
 
 
-# %% grade_id: split_decode_attention | wrong: log-sum-exp merge of normalised outputs; empty split gives 0/0
-# expect: some splits hold no keys
-def split_decode_attention(q, k, v, num_splits):
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    chunk = -(-k.shape[2] // num_splits)
-    lses, outs = [], []
-    for split in range(num_splits):
-        keys = slice(split * chunk, (split + 1) * chunk)
-        s = torch.einsum("bhd,bhnd->bhn", q, k[:, :, keys]) / math.sqrt(q.shape[-1])
-        m = s.amax(-1) if s.shape[-1] else s.new_full(s.shape[:2], float("-inf"))
-        p = torch.exp(s - m[..., None])
-        l = p.sum(-1)
-        lses.append(m + torch.log(l))
-        outs.append(torch.einsum("bhn,bhnd->bhd", p, v[:, :, keys]) / l[..., None])
-    lse = torch.stack(lses)
-    weights = torch.exp(lse - lse.amax(0))
-    return sum(w[..., None] * o for w, o in zip(weights, outs)) / weights.sum(0)[..., None]
-
-
-# %% grade_id: split_decode_attention | wrong: no max subtraction (overflows on large scores)
-# expect: subtract each split's max
+# %% grade_id: decode_split | wrong: no special case for a split without keys (amax of nothing)
+# expect: return the empty state
 # replace:
-#         m = scores.amax(dim=-1)
-#         p = torch.exp(scores - m[..., None])
+#     if k.shape[2] == 0:                               # no keys: the empty state
+#         m = q.new_full(q.shape[:2], float("-inf"))
+#         return m, torch.zeros_like(m), torch.zeros_like(q)
 # with:
-#         m = torch.zeros_like(scores[..., 0])          # no max subtracted
-#         p = torch.exp(scores)
 
 
-# %% grade_id: split_decode_attention | cheat: SDPA through an alias (no split at all)
-# expect: is forbidden
-def split_decode_attention(q, k, v, num_splits):
-    attend = getattr(F, "scaled_dot_product" + "_attention")
-    group = q.shape[1] // k.shape[1]
-    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    return attend(q[:, :, None], k, v)[:, :, 0]
+# %% grade_id: decode_split | wrong: forgets the 1/sqrt(D) scale
+# expect: were not scaled
+# replace:
+#     scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(q.shape[-1])
+# with:
+#     scores = torch.einsum("bhd,bhnd->bhn", q, k)
 
 
-# %% grade_id: split_decode_attention | cheat: flex_attention, torch's public attention that runs eagerly on CPU (no split at all)
+# %% grade_id: decode_split | cheat: SDPA on the split, scaled back by l
 # expect: which this exercise forbids
-from torch.nn.attention.flex_attention import flex_attention
-
-
-def split_decode_attention(q, k, v, num_splits):
-    return flex_attention(q[:, :, None], k, v, enable_gqa=True)[:, :, 0]
-
-
-# %% grade_id: split_decode_attention | cheat: torch's private CPU flash kernel, by its top-level name (no split at all)
-# expect: may not reach torch's internals
-def split_decode_attention(q, k, v, num_splits):
+def decode_split(q, k, v):
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
-    return torch._scaled_dot_product_flash_attention_for_cpu(q[:, :, None], k, v)[0][:, :, 0]
+    if k.shape[2] == 0:
+        m = q.new_full(q.shape[:2], float("-inf"))
+        return m, torch.zeros_like(m), torch.zeros_like(q)
+    scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(q.shape[-1])
+    m = scores.amax(-1)
+    l = torch.exp(scores - m[..., None]).sum(-1)
+    out = F.scaled_dot_product_attention(q[:, :, None], k, v)[:, :, 0]
+    return m, l, out * l[..., None]
 
 
-# %% grade_id: split_decode_attention | cheat: imports the reference implementation
+# %% grade_id: decode_split | cheat: torch.logsumexp gives l, exp(x - lse) the weights (no exponentials of its own)
+# expect: logsumexp
+# expect score: 0
+def decode_split(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    if k.shape[2] == 0:
+        m = q.new_full(q.shape[:2], float("-inf"))
+        return m, torch.zeros_like(m), torch.zeros_like(q)
+    scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(q.shape[-1])
+    m, lse = scores.amax(-1), torch.logsumexp(scores, -1)
+    l = torch.exp(lse - m)
+    return m, l, torch.einsum("bhn,bhnd->bhd", torch.exp(scores - lse[..., None]), v) * l[..., None]
+
+
+# %% grade_id: decode_split | cheat: F.cross_entropy(x, 0) + x[0] is logsumexp(x), under another name
+# expect: cross_entropy
+# expect score: 0
+def decode_split(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    if k.shape[2] == 0:
+        m = q.new_full(q.shape[:2], float("-inf"))
+        return m, torch.zeros_like(m), torch.zeros_like(q)
+    scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(q.shape[-1])
+    flat = scores.reshape(-1, scores.shape[-1])
+    zeros = torch.zeros(len(flat), dtype=torch.long)
+    lse = (F.cross_entropy(flat, zeros, reduction="none") + flat[:, 0]).reshape(scores.shape[:-1])
+    m = scores.amax(-1)
+    l = torch.exp(lse - m)
+    return m, l, torch.einsum("bhn,bhnd->bhd", torch.exp(scores - lse[..., None]), v) * l[..., None]
+
+
+# %% grade_id: decode_split | cheat: probabilities from torch.special.log_softmax, rescaled by l
+# expect: log_softmax
+# expect score: 0
+def decode_split(q, k, v):
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, 1), v.repeat_interleave(group, 1)
+    if k.shape[2] == 0:
+        m = q.new_full(q.shape[:2], float("-inf"))
+        return m, torch.zeros_like(m), torch.zeros_like(q)
+    scores = torch.einsum("bhd,bhnd->bhn", q, k) / math.sqrt(q.shape[-1])
+    m = scores.amax(-1)
+    l = 1 / torch.special.log_softmax(scores, -1).amax(-1).exp()
+    return m, l, torch.einsum("bhn,bhnd->bhd", torch.special.log_softmax(scores, -1).exp(), v) * l[..., None]
+
+
+# %% grade_id: decode_split | cheat: imports the reference implementation
 # expect: is not allowed
-from reference.kernels.torch_reference import split_decode_attention  # noqa: F401
+from reference.kernels.torch_reference import merge_softmax_states as decode_split  # noqa: F401
+
+
+# %% grade_id: merge_splits | wrong: adds the partial states without rescaling
+# expect: without rescaling
+# replace:
+#     weight = torch.exp(m - m_all)                     # exp(m_s - M): 0 for an empty split
+# with:
+#     weight = torch.ones_like(m)                       # no exp(m_s - M)
+
+
+# %% grade_id: merge_splits | wrong: averages the splits' outputs
+# expect: normalised outputs were averaged
+# replace:
+#     l_all = (weight * l).sum(dim=-1)
+#     o_all = (weight[..., None] * o).sum(dim=-2)
+#     return o_all / l_all[..., None]
+# with:
+#     return (o / l[..., None]).mean(dim=-2)
+
+
+# %% grade_id: merge_splits | wrong: exp(m_s) without subtracting M (overflows)
+# expect: overflows
+# replace:
+#     weight = torch.exp(m - m_all)                     # exp(m_s - M): 0 for an empty split
+# with:
+#     weight = torch.exp(m)
+
+
+# %% grade_id: merge_splits | wrong: weights each o_s / l_s by exp(m_s - M) alone
+# expect: weighted by exp(m_s - M) alone
+# replace:
+#     l_all = (weight * l).sum(dim=-1)
+#     o_all = (weight[..., None] * o).sum(dim=-2)
+#     return o_all / l_all[..., None]
+# with:
+#     return (weight[..., None] * o / l[..., None]).sum(dim=-2) / weight.sum(dim=-1)[..., None]
+
+
+# %% grade_id: merge_splits | wrong: log-sum-exp merge of normalised outputs; empty split gives 0/0
+# expect: o_s / l_s is 0/0
+def merge_splits(m, l, o):
+    lse = m + torch.log(l)
+    weight = torch.exp(lse - lse.amax(-1, keepdim=True))
+    return (weight[..., None] * o / l[..., None]).sum(-2) / weight.sum(-1)[..., None]
+
+
+# %% grade_id: merge_splits | cheat: weights from torch.logsumexp of m + log l (no rescale of its own)
+# expect: logsumexp
+# expect score: 0
+def merge_splits(m, l, o):
+    lse = m + torch.log(l)
+    weight = torch.exp(lse - torch.logsumexp(lse, -1, keepdim=True))
+    return (weight[..., None] * torch.nan_to_num(o / l[..., None])).sum(-2)
+
+
+# %% grade_id: merge_splits | cheat: weights from F.softmin of -(m + log l)
+# expect: softmin
+# expect score: 0
+def merge_splits(m, l, o):
+    weight = F.softmin(-(m + torch.log(l)), dim=-1)
+    return (weight[..., None] * torch.nan_to_num(o / l[..., None])).sum(-2)
+
+
+# %% grade_id: merge_splits | cheat: the log-sum-exp of m + log l through F.cross_entropy
+# expect: cross_entropy
+# expect score: 0
+def merge_splits(m, l, o):
+    lse = m + torch.log(l)
+    flat = lse.reshape(-1, lse.shape[-1])
+    zeros = torch.zeros(len(flat), dtype=torch.long)
+    total = (F.cross_entropy(flat, zeros, reduction="none") + flat[:, 0]).reshape(lse.shape[:-1])
+    weight = torch.exp(lse - total[..., None])
+    return (weight[..., None] * torch.nan_to_num(o / l[..., None])).sum(-2)
+
+
+# %% grade_id: merge_splits | cheat: imports the reference merge
+# expect: is not allowed
+from reference.kernels.torch_reference import merge_softmax_states as merge_splits  # noqa: F401
 
 
 # %% grade_id: decode_partial_kernel | wrong: no rescaling of l and o when the max grows
@@ -273,3 +387,184 @@ from reference.kernels.decode_attention import _split_kernel as decode_partial_k
 #         p = tl.exp(score - m_new)
 #         l_i = l_i * rescale + p
 #         o_i = o_i * rescale + p * v
+
+
+# %% grade_id: decode_partial_kernel | wrong: masked lanes scored 0 instead of -inf
+# expect: scored 0, not -inf
+# replace:
+#         scores = tl.where(in_split, tl.sum(q[None, :] * k, axis=1) * sm_scale, float("-inf"))
+# with:
+#         scores = tl.sum(q[None, :] * k, axis=1) * sm_scale    # masked keys were loaded as 0
+
+
+# %% grade_id: decode_partial_kernel | wrong: masks with n_keys, so a split's last tile reads the next split
+# expect: read on into the next split's keys
+# replace:
+#         in_split = keys < end
+# with:
+#         in_split = keys < n_keys
+
+
+# %% grade_id: decode_partial_kernel | cheat: one fixed tile of 128 keys, no loop (covers every split a grader used to draw)
+# expect: is a tile whose size the cell fixes
+# expect score: 0
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
+                          n_q_heads, n_kv_heads, n_keys, chunk, num_splits, sm_scale,
+                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    batch = row // n_q_heads
+    kv_head = (row % n_q_heads) // (n_q_heads // n_kv_heads)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + row * HEAD_DIM + dims)
+    kv_base = (batch * n_kv_heads + kv_head).to(tl.int64) * n_keys * HEAD_DIM
+    start = split * chunk
+    end = tl.minimum(start + chunk, n_keys)
+    keys = start + tl.arange(0, 128)
+    in_split = keys < end
+    offsets = kv_base + keys[:, None] * HEAD_DIM + dims[None, :]
+    k = tl.load(k_ptr + offsets, mask=in_split[:, None], other=0.0)
+    v = tl.load(v_ptr + offsets, mask=in_split[:, None], other=0.0)
+    scores = tl.where(in_split, tl.sum(q[None, :] * k, axis=1) * sm_scale, float("-inf"))
+    m_i = tl.max(scores, axis=0)
+    p = tl.where(in_split, tl.exp(scores - m_i), 0.0)
+    state = row * num_splits + split
+    tl.store(m_ptr + state, m_i)
+    tl.store(l_ptr + state, tl.sum(p, axis=0))
+    tl.store(o_ptr + state * HEAD_DIM + dims, tl.sum(p[:, None] * v, axis=0))
+
+
+# %% grade_id: decode_partial_kernel | cheat: two passes over the tiles (the max, then the sums), no running rescale
+# expect: loops over the keys
+# expect score: 0
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
+                          n_q_heads, n_kv_heads, n_keys, chunk, num_splits, sm_scale,
+                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    batch = row // n_q_heads
+    kv_head = (row % n_q_heads) // (n_q_heads // n_kv_heads)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + row * HEAD_DIM + dims)
+    kv_base = (batch * n_kv_heads + kv_head).to(tl.int64) * n_keys * HEAD_DIM
+    start = split * chunk
+    end = tl.minimum(start + chunk, n_keys)
+    m_i = float("-inf")
+    for tile in range(start, end, BLOCK_N):
+        keys = tile + tl.arange(0, BLOCK_N)
+        in_split = keys < end
+        k = tl.load(k_ptr + kv_base + keys[:, None] * HEAD_DIM + dims[None, :],
+                    mask=in_split[:, None], other=0.0)
+        scores = tl.where(in_split, tl.sum(q[None, :] * k, axis=1) * sm_scale, float("-inf"))
+        m_i = tl.maximum(m_i, tl.max(scores, axis=0))
+    l_i = 0.0
+    o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for tile in range(start, end, BLOCK_N):
+        keys = tile + tl.arange(0, BLOCK_N)
+        in_split = keys < end
+        offsets = kv_base + keys[:, None] * HEAD_DIM + dims[None, :]
+        k = tl.load(k_ptr + offsets, mask=in_split[:, None], other=0.0)
+        v = tl.load(v_ptr + offsets, mask=in_split[:, None], other=0.0)
+        scores = tl.where(in_split, tl.sum(q[None, :] * k, axis=1) * sm_scale, float("-inf"))
+        p = tl.exp(scores - m_i)
+        l_i = l_i + tl.sum(p, axis=0)
+        o_i = o_i + tl.sum(p[:, None] * v, axis=0)
+    state = row * num_splits + split
+    tl.store(m_ptr + state, m_i)
+    tl.store(l_ptr + state, l_i)
+    tl.store(o_ptr + state * HEAD_DIM + dims, o_i)
+
+
+# %% grade_id: decode_partial_kernel | cheat: two passes in ONE loop over twice the split (max on the first lap, sums on the second)
+# expect: never multiplies its running l and o
+# expect score: 0
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
+                          n_q_heads, n_kv_heads, n_keys, chunk, num_splits, sm_scale,
+                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    batch = row // n_q_heads
+    kv_head = (row % n_q_heads) // (n_q_heads // n_kv_heads)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + row * HEAD_DIM + dims)
+    kv_base = (batch * n_kv_heads + kv_head).to(tl.int64) * n_keys * HEAD_DIM
+    start = split * chunk
+    end = tl.minimum(start + chunk, n_keys)
+    laps = tl.cdiv(end - start, BLOCK_N) * BLOCK_N
+    m_i = float("-inf")
+    l_i = 0.0
+    o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for step in range(start, start + 2 * laps, BLOCK_N):
+        second = step >= start + laps
+        tile = tl.where(second, step - laps, step)
+        keys = tile + tl.arange(0, BLOCK_N)
+        in_split = keys < end
+        offsets = kv_base + keys[:, None] * HEAD_DIM + dims[None, :]
+        k = tl.load(k_ptr + offsets, mask=in_split[:, None], other=0.0)
+        v = tl.load(v_ptr + offsets, mask=in_split[:, None], other=0.0)
+        scores = tl.where(in_split, tl.sum(q[None, :] * k, axis=1) * sm_scale, float("-inf"))
+        m_i = tl.where(second, m_i, tl.maximum(m_i, tl.max(scores, axis=0)))
+        p = tl.where(second, tl.exp(scores - m_i), 0.0)
+        l_i = l_i + tl.sum(p, axis=0)
+        o_i = o_i + tl.sum(p[:, None] * v, axis=0)
+    state = row * num_splits + split
+    tl.store(m_ptr + state, m_i)
+    tl.store(l_ptr + state, l_i)
+    tl.store(o_ptr + state * HEAD_DIM + dims, o_i)
+
+
+# %% grade_id: decode_partial_kernel | cheat: a tile of BLOCK_N * BLOCK_N keys built from two BLOCK_N aranges, in a loop of one lap
+# expect: never multiplies its running l and o
+# expect score: 0
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
+                          n_q_heads, n_kv_heads, n_keys, chunk, num_splits, sm_scale,
+                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    batch = row // n_q_heads
+    kv_head = (row % n_q_heads) // (n_q_heads // n_kv_heads)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + row * HEAD_DIM + dims)
+    kv_base = (batch * n_kv_heads + kv_head).to(tl.int64) * n_keys * HEAD_DIM
+    start = split * chunk
+    end = tl.minimum(start + chunk, n_keys)
+    lanes = tl.reshape(tl.arange(0, BLOCK_N)[:, None] * BLOCK_N + tl.arange(0, BLOCK_N)[None, :],
+                       [BLOCK_N * BLOCK_N])
+    m_i = float("-inf")
+    l_i = 0.0
+    o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for tile in range(start, start + 1, BLOCK_N):
+        keys = tile + lanes
+        in_split = keys < end
+        offsets = kv_base + keys[:, None] * HEAD_DIM + dims[None, :]
+        k = tl.load(k_ptr + offsets, mask=in_split[:, None], other=0.0)
+        v = tl.load(v_ptr + offsets, mask=in_split[:, None], other=0.0)
+        scores = tl.where(in_split, tl.sum(q[None, :] * k, axis=1) * sm_scale, float("-inf"))
+        m_i = tl.max(scores, axis=0)
+        p = tl.exp(scores - m_i)
+        l_i = tl.sum(p, axis=0)
+        o_i = tl.sum(p[:, None] * v, axis=0)
+    state = row * num_splits + split
+    tl.store(m_ptr + state, m_i)
+    tl.store(l_ptr + state, l_i)
+    tl.store(o_ptr + state * HEAD_DIM + dims, o_i)
