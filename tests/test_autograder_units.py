@@ -508,3 +508,42 @@ def test_the_largest_allocation_of_a_call_is_recorded_on_every_size():
         assert learner.largest_allocation == 48 * 8 * 4
     finally:
         learner.close()
+
+
+ONE_PASS = '''import triton
+import triton.language as tl
+
+@triton.jit
+def k(x, out, n, BLOCK: tl.constexpr):
+    m = float("-inf")
+    s = 0.0
+    for start in range(0, n, BLOCK):
+        v = tl.load(x + start + tl.arange(0, BLOCK))
+        m_new = tl.maximum(m, tl.max(v, 0))
+        s = s * tl.exp(m - m_new) + tl.sum(tl.exp(v - m_new), 0)
+        m = m_new
+    tl.store(out, s)
+'''
+TWO_PASS = '''import triton
+import triton.language as tl
+
+@triton.jit
+def k(x, out, n, BLOCK: tl.constexpr):
+    m = float("-inf")
+    for start in range(0, n, BLOCK):
+        m = tl.maximum(m, tl.max(tl.load(x + start + tl.arange(0, BLOCK)), 0))
+    s = 0.0
+    for start in range(0, n, BLOCK):
+        s += tl.sum(tl.exp(tl.load(x + start + tl.arange(0, 128)) - m), 0)
+    tl.store(out, s)
+'''
+
+
+def test_kernel_rules_tell_one_pass_from_two_and_fixed_tiles():
+    from autograder.rules.kernel_rules import fixed_size_aranges, key_loops, rescales_in_loop
+    assert len(key_loops(ONE_PASS, "k")) == 1 and rescales_in_loop(ONE_PASS, "k") is True
+    assert len(key_loops(TWO_PASS, "k")) == 2 and rescales_in_loop(TWO_PASS, "k") is None
+    assert fixed_size_aranges(ONE_PASS, "k") == []
+    assert len(fixed_size_aranges(TWO_PASS, "k")) == 1 and "128" in fixed_size_aranges(TWO_PASS, "k")[0]
+    no_rescale = ONE_PASS.replace("s * tl.exp(m - m_new) + ", "s + ")
+    assert rescales_in_loop(no_rescale, "k") is False
