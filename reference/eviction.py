@@ -32,6 +32,7 @@ import torch
 from torch import Tensor
 
 from reference.context import DenseContext
+from reference.decoding import generate
 from reference.model import interleave_tables, rope_tables, rotate_pairs
 
 
@@ -244,3 +245,39 @@ def _evict(cache, positions: Tensor, scores: Tensor | None, policies: list, rein
         scores[..., k:] = 0
     cache.truncate(k)
     return positions.gather(3, keep)
+
+
+def policy_ladder(budget: int, n_sink: int = 4) -> dict[str, object]:
+    """The four policies the book compares at one budget (the same number of tokens kept)."""
+    half = budget // 2
+    return {"window": SinkWindow(0, budget),
+            "sinks + window": SinkWindow(n_sink, budget - n_sink),
+            "sinks + window, cache positions": SinkWindow(n_sink, budget - n_sink, reindex=True),
+            "H2O": HeavyHitters(half, budget - half)}
+
+
+def evaluate_eviction(model, prompt_ids: list[int], n_tokens: int, budgets: list[int],
+                      n_sink: int = 4) -> tuple[list[int], list[dict]]:
+    """Compare `policy_ladder`'s policies with the full cache on one greedy continuation.
+
+    The full cache's greedy continuation of ``n_tokens`` tokens is the reference; each policy's
+    cache is then fed the same tokens (`generate_evicting` with ``forced``). Per (budget, policy)
+    a dict: policy, budget, agreement (fraction of the steps whose top choice is the reference
+    token), first_divergence (the first step where it is not: free-running greedy decoding with
+    that cache would leave the reference there; None if never), delta_nll (mean negative
+    log-likelihood of the reference tokens, minus the full cache's), kept_bytes. Returns
+    (reference tokens, rows). Cost: one greedy run, then ``n_tokens`` batched steps per budget.
+    """
+    reference = generate(model, prompt_ids, n_tokens)
+    logits = model(torch.tensor([prompt_ids + reference[:-1]], device=model.device))[0, len(prompt_ids) - 1:]
+    full_nll = -float(torch.log_softmax(logits.double(), -1)[torch.arange(n_tokens), reference].mean())
+    rows = []
+    for budget in budgets:
+        ladder = policy_ladder(budget, n_sink)
+        run = generate_evicting(model, prompt_ids, n_tokens, list(ladder.values()), forced=reference)
+        for name, tokens, logprobs in zip(ladder, run.tokens, run.logprobs):
+            same = [a == b for a, b in zip(tokens, reference)]
+            rows.append(dict(policy=name, budget=budget, agreement=sum(same) / n_tokens,
+                             first_divergence=None if all(same) else same.index(False),
+                             delta_nll=-sum(logprobs) / n_tokens - full_nll, kept_bytes=run.kept_bytes))
+    return reference, rows

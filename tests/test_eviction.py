@@ -142,3 +142,15 @@ def test_reindexing_rotates_a_key_to_its_new_position():
     at = lambda p: apply_rope(raw, *rope_tables(head_dim, base, torch.tensor(p)))
     moved = _rotate(at([37, 40, 41]), torch.tensor([-30, -30, -2]), head_dim, base)
     assert torch.allclose(moved, at([7, 10, 39]), atol=1e-6)
+
+
+def test_evaluate_eviction_with_room_for_everything_agrees_fully(tiny):
+    from reference.eviction import evaluate_eviction
+
+    reference, rows = evaluate_eviction(tiny, PROMPT, 8, [32])
+    assert reference == generate(tiny, PROMPT, 8)
+    assert [r["policy"] for r in rows] == ["window", "sinks + window",
+                                          "sinks + window, cache positions", "H2O"]
+    for r in rows:
+        assert r["agreement"] == 1.0 and r["first_divergence"] is None
+        assert abs(r["delta_nll"]) < 1e-4
