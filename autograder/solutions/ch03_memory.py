@@ -133,3 +133,23 @@ def absorb_mla_weights(w_uq: Tensor, w_uk: Tensor, w_uv: Tensor, w_o: Tensor,
     w_uqk = w_uq_h.transpose(1, 2) @ w_uk_h
     w_ouv = torch.einsum("mhv,hvc->mhc", w_o_h, w_uv_h).reshape(w_o.shape[0], -1)
     return w_uqk, w_ouv
+
+
+# %% grade_id: sink_window_step
+def sink_window_step(kept: list[int], position: int, n_sink: int,
+                     window: int) -> list[int]:
+    """One step of StreamingLLM's eviction: what the cache keeps once
+    `position` is written.
+
+    kept: the positions the cache holds before the step, ascending (what
+    earlier steps returned, or a whole prefill not evicted yet).
+    position: the position just written, larger than all of them.
+    Returns the kept positions after the step, ascending: all of
+    kept + [position] while they are at most n_sink + window; otherwise
+    the first n_sink of them (the attention sinks) and the last `window`
+    (the newest, `position` included).
+    """
+    held = list(kept) + [position]
+    if len(held) <= n_sink + window:
+        return held
+    return held[:n_sink] + held[len(held) - window:]

@@ -1,7 +1,7 @@
 """Grader for exercises/ch03_memory.ipynb.
 
-Expected values come from ``reference.calculators.memory``, ``reference.attention``, ``reference.quant`` and
-``reference.mla``, computed here on inputs drawn from ``torch.Generator().manual_seed(seed)``.
+Expected values come from ``reference.calculators.memory``, ``reference.attention``, ``reference.quant``,
+``reference.mla`` and ``reference.eviction``, computed here on inputs drawn from ``torch.Generator().manual_seed(seed)``.
 Wrong answers are compared with what the usual slips produce, to name the slip.
 """
 from __future__ import annotations
@@ -15,6 +15,7 @@ from autograder.rules.plugin import exercise
 from reference.calculators import memory
 from reference.calculators.hardware import GPUS
 from reference.attention import grouped_query_attention
+from reference.eviction import sink_window_keep
 from reference.mla import MLA
 from reference.quant import int8_quantize_kv
 
@@ -318,3 +319,62 @@ def test_absorbed_attention_equals_naive_attention(learner, seed):
         raise AssertionError(f"your matrices do not have the shapes absorbed attention needs: {exc}") from None
     assert_close(absorbed, naive, name="MLA output computed with your absorbed matrices", rtol=1e-6, atol=1e-9,
                  hint="absorbed attention must give the naive attention's output exactly (up to rounding)")
+
+
+# ------------------------------------------------------------------------ sink_window_step
+
+def _sink_window_slips(kept: list[int], position: int, n_sink: int, window: int) -> dict:
+    """What the usual slips return for one step, each with the advice that names it."""
+    held = kept + [position]
+    budget = n_sink + window
+    if len(held) <= budget:
+        return {}
+    slots = list(range(n_sink)) + list(range(len(held) - window, len(held)))
+    return {
+        tuple(held[-budget:]): "keep the first n_sink positions (the attention sinks) as well as "
+                               "the window: a plain window of n_sink + window tokens evicts them.",
+        tuple(held[:n_sink] + held[len(held) - window + 1:]): "keep the last `window` positions, "
+                                                              "the one just written included.",
+        tuple(held[:n_sink] + kept[-window:]): "the position just written is the newest: it is "
+                                               "always kept.",
+        tuple(slots): "return positions, not slot indices: after the first eviction the kept "
+                      "positions are no longer 0, 1, 2, ...",
+        tuple(held[len(held) - window:] + held[:n_sink]): "return the positions in ascending "
+                                                          "order: the sinks come first.",
+    }
+
+
+def _drive_sink_window(learner, n_sink: int, window: int, kept: list[int], steps: int) -> None:
+    """Feed `steps` positions one by one, each time from the reference's kept set, and check the
+    learner's kept set after every step."""
+    for _ in range(steps):
+        position = kept[-1] + 1 if kept else 0
+        call = f"sink_window_step({kept}, {position}, n_sink={n_sink}, window={window})"
+        got = learner.call("sink_window_step", list(kept), position, n_sink, window)
+        held = kept + [position]
+        expected = [held[slot] for slot in sink_window_keep(len(held), n_sink, window)]
+        if isinstance(got, tuple):
+            got = list(got)
+        if not isinstance(got, list) or not all(isinstance(p, int) and not isinstance(p, bool)
+                                                for p in got):
+            raise AssertionError(f"{call} returned {got!r}; expected a list of int positions")
+        if got != expected:
+            hint = _sink_window_slips(kept, position, n_sink, window).get(tuple(got))
+            assert_equal(got, expected, name=call, hint=hint)
+        kept = expected
+
+
+@exercise("sink_window_step", points=2)
+def test_sink_window_step_from_an_empty_cache(learner, seed):
+    gen = generator(seed)
+    for n_sink in (0, randint(gen, 1, 4)):
+        window = randint(gen, 1, 9)
+        _drive_sink_window(learner, n_sink, window, [], n_sink + window + randint(gen, 8, 20))
+
+
+@exercise("sink_window_step", points=2)
+def test_sink_window_step_after_a_long_prefill(learner, seed):
+    gen = generator(seed)
+    n_sink, window = randint(gen, 1, 4), randint(gen, 2, 9)
+    prefill = randint(gen, n_sink + window + 1, 3 * (n_sink + window))
+    _drive_sink_window(learner, n_sink, window, list(range(prefill)), randint(gen, 5, 15))

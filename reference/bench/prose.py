@@ -65,6 +65,53 @@ def speedup_phrase(slow_seconds: float, fast_seconds: float) -> str:
 
 
 
+def eviction_paragraph(rows: list[dict], n_tokens: int, full_kib: float) -> str:
+    """Chapter 03's reading of `reference.eviction.evaluate_eviction`'s rows.
+
+    Compares, at the smallest and the largest budget, the window alone with sinks + window,
+    H2O with sinks + window (by Δ NLL, budget by budget), and real positions with positions
+    within the cache. A difference within 5 points of agreement (or 0.02 nats) is "about
+    the same"; every direction comes from the numbers.
+    """
+    by = {(r["policy"], r["budget"]): r for r in rows}
+    budgets = sorted({r["budget"] for r in rows})
+    low, high = budgets[0], budgets[-1]
+
+    def step(r):
+        d = r["first_divergence"]
+        return "never left it" if d is None else f"left it at step {d}"
+
+    def compare(a: float, b: float, tol: float, up: str, down: str) -> str:
+        return "about the same" if abs(a - b) <= tol else (up if a > b else down)
+
+    w, s = by[("window", low)], by[("sinks + window", low)]
+    effect = compare(s["agreement"], w["agreement"], 0.05, "raised", "lowered")
+    first = (f"With {low} tokens kept, the window alone chose the full cache's token at "
+             f"{w['agreement']:.0%} of the {n_tokens} steps ({step(w)}); the same budget "
+             f"spent on sinks + window agreed at {s['agreement']:.0%} ({step(s)})")
+    first += (": keeping the first tokens " + effect + " the agreement"
+              if effect != "about the same" else ", about the same")
+    wh, sh = by[("window", high)], by[("sinks + window", high)]
+    first += (f". At {high} tokens the two agreed at {wh['agreement']:.0%} and "
+              f"{sh['agreement']:.0%}.")
+    better = [b for b in budgets
+              if by[("H2O", b)]["delta_nll"] < by[("sinks + window", b)]["delta_nll"] - 0.02]
+    worse = [b for b in budgets
+             if by[("H2O", b)]["delta_nll"] > by[("sinks + window", b)]["delta_nll"] + 0.02]
+    h2o = (f"H2O's heavy hitters raised the reference's NLL less than sinks + window at "
+           f"{len(better)} of {len(budgets)} budgets and more at {len(worse)} "
+           f"(differences within 0.02 nats counted as ties).")
+    gap = max(abs(by[("sinks + window, cache positions", b)]["agreement"]
+                  - by[("sinks + window", b)]["agreement"]) for b in budgets)
+    positions = (f"Positions within the cache and real positions differed by at most "
+                 f"{gap:.0%} of the steps at any budget.")
+    kept = by[("sinks + window", low)]["kept_bytes"] / 1024
+    memory = (f"The smallest budget held {kept:,.0f} KiB of K and V, against "
+              f"{full_kib:,.0f} KiB for the full cache at the last step.")
+    return " ".join([first, h2o, positions, memory])
+
+
+
 NEAR_ROOFLINE = 1.25  # a pass within 25% of the roofline's prediction "rode along" on its weight read
 
 

@@ -242,3 +242,38 @@ def absorb_mla_weights(w_uq, w_uk, w_uv, w_o, n_heads):
         for name, w in (("w_uq", w_uq), ("w_uk", w_uk), ("w_uv", w_uv), ("w_o", w_o)):
             getattr(layer, name).weight.copy_(w)
     return layer.absorbed_weights()
+
+
+# %% grade_id: sink_window_step | wrong: a plain window of n_sink + window tokens (evicts the sinks)
+# expect: attention sinks
+# replace:
+#     return held[:n_sink] + held[len(held) - window:]
+# with:
+#     return held[len(held) - n_sink - window:]
+
+
+# %% grade_id: sink_window_step | wrong: keeps one position too few in the window
+# expect: the one just written included
+# replace:
+#     return held[:n_sink] + held[len(held) - window:]
+# with:
+#     return held[:n_sink] + held[len(held) - window + 1:]
+
+
+# %% grade_id: sink_window_step | wrong: returns slot indices instead of positions
+# expect: return positions, not slot indices
+def sink_window_step(kept, position, n_sink, window):
+    held = list(kept) + [position]
+    if len(held) <= n_sink + window:
+        return list(range(len(held)))
+    return list(range(n_sink)) + list(range(len(held) - window, len(held)))
+
+
+# %% grade_id: sink_window_step | cheat: asks the reference for the kept positions
+# expect: is not allowed
+from reference.eviction import sink_window_keep
+
+
+def sink_window_step(kept, position, n_sink, window):
+    held = list(kept) + [position]
+    return [held[slot] for slot in sink_window_keep(len(held), n_sink, window)]
