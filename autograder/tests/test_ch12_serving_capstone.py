@@ -111,7 +111,7 @@ def _stopped(run: dict) -> str | None:
         return head + f"illegal decision at {mine.error}\nHint: {RULE_HINTS[mine.rule]}"
     if "stalled" in mine.error:
         return head + f"{mine.error}\nHint: {STALL_HINT}"
-    return head + f"{mine.error}".replace("ScheduleFailed: ", "")
+    return head + mine.error.replace("the policy failed: ScheduleFailed: ", "")
 
 
 # ------------------------------------------------------------------------------------ tests
@@ -153,8 +153,9 @@ def test_pool_invariants_hold_and_no_request_starves(learner, seed, trace):
         raise AssertionError(
             f"trace {trace_info.describe()}\nrequest {rid} (prompt {prompt} tokens) waited {t} steps for its first "
             f"token; the bound is {bound:g} ({STARVE_FACTOR} x the course scheduler's worst TTFT + "
-            f"{STARVE_SLACK}). {len(starved)} request(s) starved.\nHint: serve the queue in arrival order "
-            "(FCFS) and feed long prompts in chunks rather than skipping them for shorter ones")
+            f"{STARVE_SLACK}). {len(starved)} request(s) starved.\nHint: admit into a slot as soon as it "
+            "frees (continuous batching), serve the queue in arrival order (FCFS), and feed long "
+            "prompts in chunks rather than skipping them for shorter ones")
 
 
 def _table(run: dict) -> tuple[str, list[str]]:

@@ -174,7 +174,7 @@ def _replay(trace, policy, model, tokenizer, max_steps, stall_steps) -> Replay:
         try:
             return policy(snapshot)
         except Exception as exc:  # noqa: BLE001 - the policy's failure ends the trace, with its reason
-            raise PolicyFailed(f"step {snapshot['step']}: the policy raised {type(exc).__name__}: {exc}") from exc
+            raise PolicyFailed(f"step {snapshot['step']}: the policy failed: {type(exc).__name__}: {exc}") from exc
 
     scheduler = PolicyScheduler(engine.blocks, trace.max_num_seqs, trace.max_num_batched_tokens, ask)
     engine.scheduler = scheduler
