@@ -12,14 +12,16 @@ def schedule(snapshot: dict) -> dict:
         it frees), "arrival_step", "admitted_step";
       "waiting": the queue, in order (a preempted sequence goes back to its front), each with
         "id", "prompt_len", "generated" (> 0 after a preemption: those tokens are recomputed
-        too), "cached_prefix_tokens" (leading tokens whose blocks running sequences hold: shared
-        for free, not fed again), "arrival_step", "preemptions".
+        too), "cached_prefix_tokens" (leading tokens already in the prefix cache: not fed
+        again), "cached_blocks_free" (how many of those cached blocks no sequence holds: they
+        count in free_blocks until reused), "arrival_step", "preemptions".
 
     A sequence has prompt_len + generated tokens; a running one has prompt_len + generated -
     computed left to feed (1 once it decodes), a waiting one prompt_len + generated -
     cached_prefix_tokens. Feeding n more tokens to a sequence whose first c tokens have slots
     takes ceil((c + n) / block_size) minus the blocks it already holds (running: blocks_held;
-    waiting: cached_prefix_tokens / block_size) new blocks.
+    waiting: cached_prefix_tokens / block_size) new blocks; admitting a waiting one also takes
+    its cached_blocks_free out of free_blocks.
 
     Returns {"batch": {id: n_tokens, ...}, "preempt": [id, ...]}. A waiting id in the batch is
     admitted. Preempted sequences give their private blocks back and wait to be recomputed.
@@ -46,7 +48,7 @@ def schedule(snapshot: dict) -> dict:
         if "computed" in seq:
             return max(0, -(-(seq["computed"] + n) // bs) - seq["blocks_held"])
         cached = seq["cached_prefix_tokens"]
-        return -(-(cached + n) // bs) - cached // bs
+        return -(-(cached + n) // bs) - cached // bs + seq["cached_blocks_free"]
 
     while True:
         batch, tokens, room = {}, budget, free
@@ -68,8 +70,9 @@ def schedule(snapshot: dict) -> dict:
                 room -= blocks_needed(seq, n)
                 batch[seq["id"]] = n
                 tokens -= n
-        # 3. admit waiting sequences in order while a slot, tokens and blocks remain
-        slots = snapshot["max_num_seqs"] - len(running)
+        # 3. admit waiting sequences in order while a slot, tokens and blocks remain (none
+        #    after a preemption: the preempted sequence heads the queue)
+        slots = snapshot["max_num_seqs"] - len(running) if not preempt else 0
         for seq in snapshot["waiting"]:
             if slots <= 0 or tokens <= 0:
                 break

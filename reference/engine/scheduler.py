@@ -182,7 +182,7 @@ class Scheduler:
 #               "running": [{"id", "prompt_len", "generated", "computed", "blocks_held",
 #                            "private_blocks", "arrival_step", "admitted_step"}, ...],   # admission order
 #               "waiting": [{"id", "prompt_len", "generated", "cached_prefix_tokens",
-#                            "arrival_step", "preemptions"}, ...]}                      # queue order
+#                            "cached_blocks_free", "arrival_step", "preemptions"}, ...]}  # queue order
 #   decision = {"batch": {id: n_tokens, ...}, "preempt": [id, ...]}
 #
 # `check_decision` holds the rules a legal decision keeps (each broken rule is named), and the
@@ -222,11 +222,13 @@ def tokens_left(entry: dict) -> int:
 
 
 def new_blocks(entry: dict, n: int, block_size: int) -> int:
-    """New blocks feeding n more tokens to a snapshot entry takes (cached blocks are shared)."""
+    """Free blocks that feeding n more tokens to a snapshot entry takes: the new blocks, and for
+    a waiting entry its cached blocks that nobody holds (they count among the free blocks until
+    reused); cached blocks a running sequence holds are shared for nothing."""
     if "computed" in entry:
         return max(0, blocks_for(entry["computed"] + n, block_size) - entry["blocks_held"])
     cached = entry["cached_prefix_tokens"]
-    return blocks_for(cached + n, block_size) - cached // block_size
+    return blocks_for(cached + n, block_size) - cached // block_size + entry["cached_blocks_free"]
 
 
 def check_decision(snapshot: dict, decision) -> tuple[list[tuple[str, int]], list[str]]:
@@ -292,7 +294,8 @@ def reference_policy(snapshot: dict) -> dict:
        itself was the one preempted.
     2. Running sequences mid-prompt get the next chunk the token budget and blocks allow.
     3. Waiting sequences are admitted in queue order while a slot, budget and blocks remain,
-       each fed as much of its prompt (after its cached prefix) as the budget leaves.
+       each fed as much of its prompt (after its cached prefix) as the budget leaves; none when
+       a sequence was preempted this step (it heads the queue, and comes back next step).
     4. A step that would feed nothing while sequences run preempts the last admitted and tries
        again (every running sequence is mid-prompt and none can get a block).
     """
@@ -325,7 +328,7 @@ def reference_policy(snapshot: dict) -> dict:
                 batch[entry["id"]] = n
                 left -= n
         count = len(alive)
-        for entry in waiting:                                          # admissions, FCFS
+        for entry in [] if preempt else waiting:   # admissions, FCFS (one preempted now heads the queue)
             if count >= snapshot["max_num_seqs"] or left <= 0:
                 break
             n = min(tokens_left(entry), left)
@@ -340,20 +343,20 @@ def reference_policy(snapshot: dict) -> dict:
         drop(alive[-1])
 
 
-def live_cached_prefix_tokens(blocks: BlockManager, token_ids: list[int]) -> int:
-    """Leading tokens of `token_ids` whose full blocks a running sequence holds right now (so
-    a new sequence shares them for free); idle cached blocks are left out: they count among the
-    free blocks, and reusing one takes one free block, as a new block would."""
+def cached_prefix(blocks: BlockManager, token_ids: list[int]) -> tuple[int, int]:
+    """(leading tokens `allocate` would find cached, how many of those blocks are idle: held by
+    no sequence, so counted among the free blocks and taken out of them when reused)."""
     if not blocks.enable_prefix_caching:
-        return 0
+        return 0, 0
     from reference.prefix_cache import full_block_hashes
-    found = 0
+    found, idle = 0, 0
     for block_hash in full_block_hashes(token_ids, blocks.block_size)[:(len(token_ids) - 1) // blocks.block_size]:
         block_id = blocks.cache.lookup(block_hash)
-        if block_id is None or blocks.ref_count(block_id) == 0:
+        if block_id is None:
             break
         found += 1
-    return found * blocks.block_size
+        idle += blocks.cache.is_idle(block_id)
+    return found * blocks.block_size, idle
 
 
 class PolicyScheduler(Scheduler):
@@ -384,11 +387,13 @@ class PolicyScheduler(Scheduler):
                     "private_blocks": sum(refs(b) == 1 for b in blocks.block_table(s.request_id)),
                     "arrival_step": arrival(s), "admitted_step": self.admitted_step[s.request_id]}
                    for s in self.running]
-        waiting = [{"id": s.request_id, "prompt_len": s.num_prompt_tokens,
-                    "generated": s.num_tokens - s.num_prompt_tokens,
-                    "cached_prefix_tokens": live_cached_prefix_tokens(blocks, s.token_ids),
-                    "arrival_step": arrival(s), "preemptions": self.preempted.get(s.request_id, 0)}
-                   for s in self.waiting]
+        waiting = []
+        for s in self.waiting:
+            cached, idle = cached_prefix(blocks, s.token_ids)
+            waiting.append({"id": s.request_id, "prompt_len": s.num_prompt_tokens,
+                            "generated": s.num_tokens - s.num_prompt_tokens, "cached_prefix_tokens": cached,
+                            "cached_blocks_free": idle, "arrival_step": arrival(s),
+                            "preemptions": self.preempted.get(s.request_id, 0)})
         return {"step": self.clock, "block_size": blocks.block_size,
                 "free_blocks": blocks.num_free_blocks, "max_num_seqs": self.max_num_seqs,
                 "max_num_batched_tokens": self.max_num_batched_tokens,
