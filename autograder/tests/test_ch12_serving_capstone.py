@@ -187,8 +187,8 @@ def _in_notebook() -> bool:
 
 
 def _show_timelines() -> None:
-    """In a notebook's check cell: sequences running and blocks in use per step, yours and the
-    course's, for every trace replayed."""
+    """In a notebook's check cell: sequences in each step's batch and blocks in use, yours and
+    the course's, for every trace replayed."""
     runs = {kind: {"yours": _RUNS[kind]["mine"], "course": _RUNS[kind]["course"]}
             for kind in TRACE_KINDS if kind in _RUNS}
     if not runs:

@@ -13,7 +13,7 @@ distribution of one of four kinds:
 `replay(trace, policy)` serves the trace with the real engine (`LLMEngine`, its block pool, the
 tiny model) whose scheduler is a `PolicyScheduler` asking `policy(snapshot) -> decision` at every
 step. It records each request's reply and the steps of its first and last tokens, a timeline
-(sequences running, blocks in use, tokens fed per step), the preemptions, the block pool's
+(sequences in the batch, blocks in use after the step, tokens fed), the preemptions, the block pool's
 invariants after every step, and the first error: an illegal decision (the rule, the step), a
 policy that raised, a stall (nothing fed for `stall_steps` steps while requests wait) or the
 step limit. `service_levels` turns a replay into throughput and TTFT / TPOT percentiles, in
@@ -115,7 +115,7 @@ class Replay:
     replies: dict[str, list[int]] = field(default_factory=dict)     # finished requests only
     first_token_step: dict[str, int] = field(default_factory=dict)
     last_token_step: dict[str, int] = field(default_factory=dict)
-    timeline: list[dict] = field(default_factory=list)   # {"step", "running", "waiting", "blocks_used", "tokens"}
+    timeline: list[dict] = field(default_factory=list)   # {"step", "batch", "waiting", "blocks_used", "tokens"}
     preemptions: int = 0
     error: str | None = None          # why the replay stopped early, if it did
     error_step: int | None = None
@@ -203,7 +203,7 @@ def _replay(trace, policy, model, tokenizer, max_steps, stall_steps) -> Replay:
                 result.last_token_step[out.request_id] = step
                 result.replies[out.request_id] = list(out.token_ids)
         batch = scheduler.last_batch
-        result.timeline.append({"step": step, "running": len(scheduler.running), "waiting": len(scheduler.waiting),
+        result.timeline.append({"step": step, "batch": len(batch), "waiting": len(scheduler.waiting),
                                 "blocks_used": trace.num_blocks - engine.blocks.num_free_blocks,
                                 "tokens": sum(n for _, n in batch)})
         result.preemptions = scheduler.preemptions
@@ -262,15 +262,15 @@ def service_levels(result: Replay) -> dict:
 
 
 def timeline_figure(runs: dict[str, dict[str, Replay]], num_cols: int | None = None):
-    """A small matplotlib figure: for each trace (a key of `runs`), sequences running and
-    blocks in use over the steps, one line per policy (the inner keys). Returns the figure."""
+    """A small matplotlib figure: for each trace (a key of `runs`), the sequences in each step's
+    batch and the blocks in use after it, one line per policy (the inner keys). Returns the figure."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, len(runs), figsize=(3.2 * len(runs), 4.2), squeeze=False, sharex="col")
     for col, (kind, by_policy) in enumerate(runs.items()):
         for label, result in by_policy.items():
             steps = [t["step"] for t in result.timeline]
-            axes[0][col].step(steps, [t["running"] for t in result.timeline], where="post", label=label)
+            axes[0][col].step(steps, [t["batch"] for t in result.timeline], where="post", label=label)
             axes[1][col].step(steps, [t["blocks_used"] for t in result.timeline], where="post", label=label)
         trace = next(iter(by_policy.values())).trace
         axes[0][col].set_title(kind, fontsize=9)
@@ -279,7 +279,7 @@ def timeline_figure(runs: dict[str, dict[str, Replay]], num_cols: int | None = N
         axes[1][col].set_xlabel("step", fontsize=8)
         for ax in axes[:, col] if hasattr(axes, "shape") else (axes[0][col], axes[1][col]):
             ax.tick_params(labelsize=7)
-    axes[0][0].set_ylabel("sequences running", fontsize=8)
+    axes[0][0].set_ylabel("sequences in the batch", fontsize=8)
     axes[1][0].set_ylabel("blocks in use", fontsize=8)
     axes[0][0].legend(fontsize=7)
     fig.tight_layout()
