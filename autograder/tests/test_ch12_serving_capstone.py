@@ -205,12 +205,12 @@ def _show_timelines() -> None:
 def test_service_level_against_the_course_scheduler(learner, seed, trace):
     run = _runs(learner, seed, trace)
     problem = _stopped(run)
+    table, missed = _table(run) if problem is None else ("", [])
+    print(table or problem)
     if _in_notebook() and trace == TRACE_KINDS[-1]:
         _show_timelines()
     if problem:
         raise AssertionError(problem + "\n(no service level without a full replay)")
-    table, missed = _table(run)
-    print(table)
     if missed:
         raise AssertionError(f"{table}\nbelow the service level: {'; '.join(missed)}.\nHint: keep "
                              "every slot busy (admit as soon as a sequence finishes: continuous "
