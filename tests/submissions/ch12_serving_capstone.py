@@ -1,9 +1,9 @@
 # %% grade_id: schedule | wrong: static batching (admits only when nothing runs)
 # expect: below the service level
 # replace:
-#         slots = snapshot["max_num_seqs"] - len(running)
+#         slots = snapshot["max_num_seqs"] - len(running) if not preempt else 0
 # with:
-#         slots = snapshot["max_num_seqs"] if not running else 0
+#         slots = snapshot["max_num_seqs"] if not running and not preempt else 0
 
 # %% grade_id: schedule | wrong: never preempts (a decode that finds no block waits)
 # expect: stalled
