@@ -171,3 +171,278 @@ class Scheduler:
         seq.draft_ids, seq.draft_probs = [], None
         self.waiting.appendleft(seq)
         self.preemptions += 1
+
+
+# ----- the policy as a pure function of plain data (chapter 12) ----------------------------
+#
+# `PolicyScheduler` asks a policy, once per step, for the step's batch. The policy sees a
+# snapshot made of dicts, lists, strings and ints only, and answers with plain data too:
+#
+#   snapshot = {"step", "block_size", "free_blocks", "max_num_seqs", "max_num_batched_tokens",
+#               "running": [{"id", "prompt_len", "generated", "computed", "blocks_held",
+#                            "private_blocks", "arrival_step", "admitted_step"}, ...],   # admission order
+#               "waiting": [{"id", "prompt_len", "generated", "cached_prefix_tokens",
+#                            "cached_blocks_free", "arrival_step", "preemptions"}, ...]}  # queue order
+#   decision = {"batch": {id: n_tokens, ...}, "preempt": [id, ...]}
+#
+# `check_decision` holds the rules a legal decision keeps (each broken rule is named), and the
+# scheduler applies only legal decisions. `reference_policy` is the course's own policy (FCFS,
+# decodes first, chunked prefill, preempt the most recently admitted when a decode finds no
+# block), the same rules `Scheduler` follows, written against the snapshot alone.
+
+RULES = {
+    "format": "the decision is {'batch': {id: n_tokens}, 'preempt': [ids]} with int token counts",
+    "unknown id": "every id is a running or waiting sequence of this snapshot",
+    "preempt": "only running sequences are preempted, and a preempted one is not also fed this step",
+    "tokens": "a sequence is fed 1 or more tokens and never past its last token",
+    "max_num_seqs": "at most max_num_seqs sequences run (those kept plus those admitted)",
+    "max_num_batched_tokens": "the step feeds at most max_num_batched_tokens tokens in all",
+    "blocks": "the new blocks the step needs fit in the free blocks (plus those preemption frees)",
+}
+
+
+class IllegalDecision(ValueError):
+    """A policy's decision broke a rule; `rule` is a key of RULES, `step` the snapshot's step."""
+
+    def __init__(self, rule: str, step: int, message: str):
+        super().__init__(f"step {step}: rule '{rule}' broken ({RULES[rule]}): {message}")
+        self.rule, self.step, self.detail = rule, step, message
+
+
+def blocks_for(tokens: int, block_size: int) -> int:
+    """Blocks that hold `tokens` tokens."""
+    return -(-tokens // block_size)
+
+
+def tokens_left(entry: dict) -> int:
+    """Tokens a snapshot entry can still be fed: the rest of prompt + generated (a waiting
+    entry starts after its cached prefix; a preempted one recomputes what it had generated)."""
+    done = entry["computed"] if "computed" in entry else entry["cached_prefix_tokens"]
+    return entry["prompt_len"] + entry["generated"] - done
+
+
+def new_blocks(entry: dict, n: int, block_size: int) -> int:
+    """Free blocks that feeding n more tokens to a snapshot entry takes: the new blocks, and for
+    a waiting entry its cached blocks that nobody holds (they count among the free blocks until
+    reused); cached blocks a running sequence holds are shared for nothing."""
+    if "computed" in entry:
+        return max(0, blocks_for(entry["computed"] + n, block_size) - entry["blocks_held"])
+    cached = entry["cached_prefix_tokens"]
+    return blocks_for(cached + n, block_size) - cached // block_size + entry["cached_blocks_free"]
+
+
+def check_decision(snapshot: dict, decision) -> tuple[list[tuple[str, int]], list[str]]:
+    """The decision as ([(id, n_tokens), ...] in its order, [preempted ids]) if it is legal,
+    else IllegalDecision naming the first rule it breaks."""
+    step = snapshot["step"]
+
+    def broken(rule, message):
+        raise IllegalDecision(rule, step, message)
+
+    if not isinstance(decision, dict) or set(decision) - {"batch", "preempt"}:
+        broken("format", f"got {type(decision).__name__}"
+               + (f" with keys {sorted(map(str, decision))}" if isinstance(decision, dict) else ""))
+    batch, preempt = decision.get("batch", {}), decision.get("preempt", [])
+    if not isinstance(batch, dict) or not isinstance(preempt, (list, tuple)):
+        broken("format", f"'batch' must be a dict and 'preempt' a list, got "
+               f"{type(batch).__name__} and {type(preempt).__name__}")
+    running = {e["id"]: e for e in snapshot["running"]}
+    waiting = {e["id"]: e for e in snapshot["waiting"]}
+    for sid in list(batch) + list(preempt):
+        if not isinstance(sid, str) or sid not in running and sid not in waiting:
+            broken("unknown id", f"{sid!r} is neither running nor waiting")
+    for sid in preempt:
+        if sid not in running:
+            broken("preempt", f"{sid!r} is waiting, not running: there is nothing to preempt")
+        if sid in batch:
+            broken("preempt", f"{sid!r} is both preempted and fed")
+    if len(set(preempt)) != len(preempt):
+        broken("preempt", "an id is preempted twice")
+    bs, freed, need, fed = snapshot["block_size"], 0, 0, 0
+    for sid in preempt:
+        freed += running[sid]["private_blocks"]
+    for sid, n in batch.items():
+        if isinstance(n, bool) or not isinstance(n, int):
+            broken("format", f"{sid!r} gets {n!r} ({type(n).__name__}); token counts are ints")
+        entry = running.get(sid) or waiting[sid]
+        left = tokens_left(entry)
+        if not 1 <= n <= left:
+            where = "running" if sid in running else "waiting"
+            broken("tokens", f"{where} sequence {sid!r} has {left} token(s) left to feed, the batch gives it {n}")
+        need += new_blocks(entry, n, bs)
+        fed += n
+    admitted = sum(sid in waiting for sid in batch)
+    seqs = len(running) - len(preempt) + admitted
+    if seqs > snapshot["max_num_seqs"]:
+        broken("max_num_seqs", f"{len(running) - len(preempt)} kept running + {admitted} admitted = "
+               f"{seqs} sequences, max_num_seqs is {snapshot['max_num_seqs']}")
+    if fed > snapshot["max_num_batched_tokens"]:
+        broken("max_num_batched_tokens", f"the batch feeds {fed} tokens, max_num_batched_tokens is "
+               f"{snapshot['max_num_batched_tokens']}")
+    if need > snapshot["free_blocks"] + freed:
+        broken("blocks", f"the batch needs {need} new blocks of {bs} tokens; {snapshot['free_blocks']} "
+               f"are free" + (f" and preempting frees {freed}" if preempt else ""))
+    return list(batch.items()), list(preempt)
+
+
+def reference_policy(snapshot: dict) -> dict:
+    """The course's scheduler as a pure function: FCFS with decodes first.
+
+    1. Every running sequence with one token left (a decode) gets it, in admission order. When
+       a decode needs a new block and none is left, the most recently admitted sequence still
+       running is preempted (its private blocks come back) until the decode fits, or the decode
+       itself was the one preempted.
+    2. Running sequences mid-prompt get the next chunk the token budget and blocks allow.
+    3. Waiting sequences are admitted in queue order while a slot, budget and blocks remain,
+       each fed as much of its prompt (after its cached prefix) as the budget leaves; none when
+       a sequence was preempted this step (it heads the queue, and comes back next step).
+    4. A step that would feed nothing while sequences run preempts the last admitted and tries
+       again (every running sequence is mid-prompt and none can get a block).
+    """
+    bs, budget = snapshot["block_size"], snapshot["max_num_batched_tokens"]
+    alive, waiting = list(snapshot["running"]), list(snapshot["waiting"])
+    free, preempt = snapshot["free_blocks"], []
+
+    def drop(entry):
+        nonlocal free
+        alive.remove(entry)
+        free += entry["private_blocks"]
+        preempt.append(entry["id"])
+
+    while True:
+        batch, left, room = {}, budget, free
+        for entry in [e for e in alive if tokens_left(e) == 1]:        # decodes first
+            while entry in alive and new_blocks(entry, 1, bs) > room:
+                victim = alive[-1]
+                drop(victim)
+                room += victim["private_blocks"]
+            if entry in alive:
+                room -= new_blocks(entry, 1, bs)
+                batch[entry["id"]] = 1
+                left -= 1
+        for entry in [e for e in alive if tokens_left(e) > 1]:         # unfinished prompts
+            fits = (entry["blocks_held"] + room) * bs - entry["computed"]
+            n = min(tokens_left(entry), left, fits)
+            if n > 0:
+                room -= new_blocks(entry, n, bs)
+                batch[entry["id"]] = n
+                left -= n
+        count = len(alive)
+        for entry in [] if preempt else waiting:   # admissions, FCFS (one preempted now heads the queue)
+            if count >= snapshot["max_num_seqs"] or left <= 0:
+                break
+            n = min(tokens_left(entry), left)
+            if new_blocks(entry, n, bs) > room:
+                break
+            room -= new_blocks(entry, n, bs)
+            batch[entry["id"]] = n
+            left -= n
+            count += 1
+        if batch or not alive:
+            return {"batch": batch, "preempt": preempt}
+        drop(alive[-1])
+
+
+def cached_prefix(blocks: BlockManager, token_ids: list[int]) -> tuple[int, int]:
+    """(leading tokens `allocate` would find cached, how many of those blocks are idle: held by
+    no sequence, so counted among the free blocks and taken out of them when reused)."""
+    if not blocks.enable_prefix_caching:
+        return 0, 0
+    from reference.prefix_cache import full_block_hashes
+    found, idle = 0, 0
+    for block_hash in full_block_hashes(token_ids, blocks.block_size)[:(len(token_ids) - 1) // blocks.block_size]:
+        block_id = blocks.cache.lookup(block_hash)
+        if block_id is None:
+            break
+        found += 1
+        idle += blocks.cache.is_idle(block_id)
+    return found * blocks.block_size, idle
+
+
+class PolicyScheduler(Scheduler):
+    """Continuous batching whose every decision comes from `policy(snapshot) -> decision`
+    (plain data both ways; see `check_decision`). An illegal decision raises IllegalDecision
+    and changes nothing. `clock` is the step number the snapshot reports (the caller may set
+    it; it counts schedule() calls otherwise). No speculative decoding."""
+
+    def __init__(self, blocks: BlockManager, max_num_seqs: int, max_num_batched_tokens: int,
+                 policy: Callable[[dict], dict] = reference_policy):
+        super().__init__(blocks, max_num_seqs, max_num_batched_tokens, "continuous")
+        self.policy = policy
+        self.clock = 0
+        self.admitted_step: dict[str, int] = {}
+        self.preempted: dict[str, int] = {}
+        self.last_batch: list[tuple[Sequence, int]] = []
+
+    def snapshot(self) -> dict:
+        """This step's state as plain data (a fresh copy: the policy may keep or change it)."""
+        blocks, refs = self.blocks, self.blocks.ref_count
+
+        def arrival(seq):
+            return int(seq.metrics.arrival_time)
+
+        running = [{"id": s.request_id, "prompt_len": s.num_prompt_tokens,
+                    "generated": s.num_tokens - s.num_prompt_tokens, "computed": s.num_computed,
+                    "blocks_held": len(blocks.block_table(s.request_id)),
+                    "private_blocks": sum(refs(b) == 1 for b in blocks.block_table(s.request_id)),
+                    "arrival_step": arrival(s), "admitted_step": self.admitted_step[s.request_id]}
+                   for s in self.running]
+        waiting = []
+        for s in self.waiting:
+            cached, idle = cached_prefix(blocks, s.token_ids)
+            waiting.append({"id": s.request_id, "prompt_len": s.num_prompt_tokens,
+                            "generated": s.num_tokens - s.num_prompt_tokens, "cached_prefix_tokens": cached,
+                            "cached_blocks_free": idle, "arrival_step": arrival(s),
+                            "preemptions": self.preempted.get(s.request_id, 0)})
+        return {"step": self.clock, "block_size": blocks.block_size,
+                "free_blocks": blocks.num_free_blocks, "max_num_seqs": self.max_num_seqs,
+                "max_num_batched_tokens": self.max_num_batched_tokens,
+                "running": running, "waiting": waiting}
+
+    def schedule(self) -> list[tuple[Sequence, int]]:
+        self.block_copies, self.finished = [], []
+        snap = self.snapshot()
+        fed, preempt = check_decision(snap, self.policy(snap))
+        self.clock += 1
+        by_id = {s.request_id: s for s in [*self.running, *self.waiting]}
+        for sid in preempt:
+            self._preempt(by_id[sid])
+            self.preempted[sid] = self.preempted.get(sid, 0) + 1
+        cached = {e["id"]: e["cached_prefix_tokens"] for e in snap["waiting"]}
+        order = {s.request_id: i for i, s in enumerate(self.running)}
+        batch = []
+        for sid, n in sorted(((sid, n) for sid, n in fed if sid in order), key=lambda x: order[x[0]]):
+            n = self._reserve(by_id[sid], n)   # a legal decision always fits; never more than asked
+            if n > 0:
+                batch.append((by_id[sid], n))
+        for sid, n in fed:
+            if sid not in order:
+                n = self._admit_one(by_id[sid], cached[sid], n, snap["step"])
+                if n > 0:
+                    batch.append((by_id[sid], n))
+        self.last_batch = batch
+        return batch
+
+    def _admit_one(self, seq: Sequence, cached: int, n: int, step: int) -> int:
+        """Admit seq feeding positions up to cached + n (its cached prefix as the snapshot saw
+        it, or a longer one found now); returns how many tokens it is fed (0: not admitted)."""
+        live = self.blocks.cached_prefix_tokens(seq.token_ids)
+        end = min(live, cached) + n
+        try:
+            found = self.blocks.allocate(seq.request_id, seq.token_ids[:end])
+        except OutOfBlocks:
+            return 0
+        self.waiting.remove(seq)
+        self.prefix_queried_tokens += (seq.num_tokens - 1) // self.blocks.block_size * self.blocks.block_size
+        self.prefix_hit_tokens += found
+        if seq.metrics.first_token_time is None:
+            seq.num_cached_tokens = found
+        seq.num_computed = found
+        seq.status = Status.RUNNING
+        self.running.append(seq)
+        self.admitted_step[seq.request_id] = step
+        return end - found
+
+    def release(self, seq: Sequence) -> None:
+        super().release(seq)
+        self.admitted_step.pop(seq.request_id, None)

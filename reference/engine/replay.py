@@ -1,0 +1,286 @@
+"""Request traces replayed through the engine under a scheduling policy (chapter 12).
+
+A trace is a list of requests with arrival times on the engine's step clock, drawn from a seeded
+distribution of one of four kinds:
+
+* "steady": requests arrive one every few steps, short and long replies mixed;
+* "bursty": bursts of requests arrive at once, with quiet steps between them;
+* "shared_prefix": every prompt starts with one long system prompt (longer than the token
+  budget, so it is chunked), which the prefix cache lets later requests share;
+* "small_pool": the K/V pool holds any one request but not all that run together, so a
+  scheduler must preempt.
+
+`replay(trace, policy)` serves the trace with the real engine (`LLMEngine`, its block pool, the
+tiny model) whose scheduler is a `PolicyScheduler` asking `policy(snapshot) -> decision` at every
+step. It records each request's reply and the steps of its first and last tokens, a timeline
+(sequences in the batch, blocks in use after the step, tokens fed), the preemptions, the block pool's
+invariants after every step, and the first error: an illegal decision (the rule, the step), a
+policy that raised, a stall (nothing fed for `stall_steps` steps while requests wait) or the
+step limit. `service_levels` turns a replay into throughput and TTFT / TPOT percentiles, in
+steps, as chapter 9 counts them.
+"""
+from __future__ import annotations
+
+import contextlib
+import random
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from reference.calculators.batching_sim import percentile
+from reference.engine.llm import LLMEngine
+from reference.engine.params import SamplingParams
+from reference.engine.scheduler import IllegalDecision, PolicyScheduler, reference_policy
+from reference.paging import BlockManager
+
+TRACE_KINDS = ("steady", "bursty", "shared_prefix", "small_pool")
+VOCAB = 256   # the tiny model's (and the byte tokenizer's) vocabulary
+
+
+@dataclass
+class Trace:
+    """Requests ({"id", "arrival_step", "prompt_ids", "max_tokens"}, by arrival) and the
+    engine's knobs for this trace."""
+    kind: str
+    requests: list[dict]
+    block_size: int
+    num_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+    def describe(self) -> str:
+        prompts = [len(r["prompt_ids"]) for r in self.requests]
+        replies = [r["max_tokens"] for r in self.requests]
+        return (f"{self.kind}: {len(self.requests)} requests arriving at steps "
+                f"{self.requests[0]['arrival_step']}..{self.requests[-1]['arrival_step']}, prompts "
+                f"{min(prompts)}-{max(prompts)} tokens, replies {min(replies)}-{max(replies)}; "
+                f"max_num_seqs={self.max_num_seqs}, max_num_batched_tokens="
+                f"{self.max_num_batched_tokens}, {self.num_blocks} blocks of {self.block_size}")
+
+
+def make_trace(kind: str, seed: int) -> Trace:
+    """A fresh trace of `kind` (one of TRACE_KINDS) drawn from random.Random(seed)."""
+    rng = random.Random(f"{kind}:{seed}")
+
+    def ids(n):
+        return [rng.randrange(1, VOCAB) for _ in range(n)]
+
+    def reply():   # most replies short, some long: slots free up at different steps
+        return rng.randint(3, 7) if rng.random() < 0.65 else rng.randint(12, 20)
+
+    requests = []
+    if kind == "steady":
+        step = 0
+        for _ in range(rng.randint(10, 12)):
+            requests.append({"arrival_step": step, "prompt_ids": ids(rng.randint(6, 40)), "max_tokens": reply()})
+            step += rng.randint(1, 3)
+        knobs = dict(block_size=4, num_blocks=96, max_num_seqs=4, max_num_batched_tokens=32)
+    elif kind == "bursty":
+        step = 0
+        for _ in range(3):
+            for _ in range(rng.randint(4, 5)):
+                requests.append({"arrival_step": step, "prompt_ids": ids(rng.randint(6, 40)), "max_tokens": reply()})
+            step += rng.randint(12, 18)
+        knobs = dict(block_size=4, num_blocks=96, max_num_seqs=4, max_num_batched_tokens=32)
+    elif kind == "shared_prefix":
+        system, step = ids(rng.randint(36, 52)), 0
+        for _ in range(rng.randint(9, 11)):
+            requests.append({"arrival_step": step, "prompt_ids": system + ids(rng.randint(3, 10)),
+                             "max_tokens": reply()})
+            step += rng.randint(1, 3)
+        knobs = dict(block_size=4, num_blocks=96, max_num_seqs=4, max_num_batched_tokens=24)
+    elif kind == "small_pool":
+        step = 0
+        for _ in range(2):
+            for _ in range(rng.randint(4, 5)):
+                requests.append({"arrival_step": step, "prompt_ids": ids(rng.randint(8, 24)),
+                                 "max_tokens": rng.randint(14, 24)})
+            step += rng.randint(6, 10)
+        longest = max(len(r["prompt_ids"]) + r["max_tokens"] for r in requests)
+        knobs = dict(block_size=4, num_blocks=-(-longest // 4) + rng.randint(3, 6), max_num_seqs=4,
+                     max_num_batched_tokens=32)
+    else:
+        raise ValueError(f"trace kind must be one of {TRACE_KINDS}, got {kind!r}")
+    for i, r in enumerate(requests):
+        r["id"] = str(i)
+    return Trace(kind, requests, **knobs)
+
+
+@dataclass
+class Replay:
+    """What serving a trace under a policy gave. Steps are the engine's step clock."""
+    trace: Trace
+    replies: dict[str, list[int]] = field(default_factory=dict)     # finished requests only
+    first_token_step: dict[str, int] = field(default_factory=dict)
+    last_token_step: dict[str, int] = field(default_factory=dict)
+    timeline: list[dict] = field(default_factory=list)   # {"step", "batch", "waiting", "blocks_used", "tokens"}
+    preemptions: int = 0
+    error: str | None = None          # why the replay stopped early, if it did
+    error_step: int | None = None
+    rule: str | None = None           # the broken rule of an illegal decision
+    pool_problems: list[str] = field(default_factory=list)   # block-pool invariants broken
+
+    @property
+    def arrival(self) -> dict[str, int]:
+        return {r["id"]: r["arrival_step"] for r in self.trace.requests}
+
+    @property
+    def unfinished(self) -> list[str]:
+        return [r["id"] for r in self.trace.requests if r["id"] not in self.replies]
+
+    def ttft(self) -> dict[str, int]:
+        """Steps from arrival to the first token, the step that samples it included."""
+        return {rid: step + 1 - self.arrival[rid] for rid, step in self.first_token_step.items()}
+
+
+class PolicyFailed(RuntimeError):
+    """The policy raised instead of deciding."""
+
+
+@contextlib.contextmanager
+def one_thread():
+    """torch on one CPU thread inside the block: the tiny model's matrices are too small to
+    share, and on a busy machine a second thread makes every step wait for a core."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+def replay(trace: Trace, policy: Callable[[dict], dict] = reference_policy, model=None, tokenizer=None,
+           max_steps: int = 1000, stall_steps: int = 20) -> Replay:
+    """Serve `trace` with the engine, `policy` deciding every step (see PolicyScheduler); the
+    model runs on one CPU thread (`one_thread`)."""
+    with one_thread():
+        return _replay(trace, policy, model, tokenizer, max_steps, stall_steps)
+
+
+def _replay(trace, policy, model, tokenizer, max_steps, stall_steps) -> Replay:
+    if model is None:
+        from reference.model import build_tiny
+        model = build_tiny(0)
+    if tokenizer is None:
+        from reference.tokenizer import ByteTokenizer
+        tokenizer = ByteTokenizer()
+    engine = LLMEngine(model, tokenizer, block_size=trace.block_size, num_blocks=trace.num_blocks,
+                       max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens,
+                       enable_prefix_caching=True)
+
+    def ask(snapshot):
+        try:
+            return policy(snapshot)
+        except Exception as exc:  # noqa: BLE001 - the policy's failure ends the trace, with its reason
+            raise PolicyFailed(f"step {snapshot['step']}: the policy failed: {type(exc).__name__}: {exc}") from exc
+
+    scheduler = PolicyScheduler(engine.blocks, trace.max_num_seqs, trace.max_num_batched_tokens, ask)
+    engine.scheduler = scheduler
+    result, pending = Replay(trace), sorted(trace.requests, key=lambda r: r["arrival_step"])
+    stalled = 0
+    for step in range(max_steps):
+        while pending and pending[0]["arrival_step"] <= step:
+            r = pending.pop(0)
+            engine.add_request(list(r["prompt_ids"]), SamplingParams(max_tokens=r["max_tokens"], temperature=0.0,
+                                                                     ignore_eos=True),
+                               request_id=r["id"], arrival_time=float(r["arrival_step"]))
+        if not pending and not engine.has_unfinished():
+            return result
+        if not engine.has_unfinished():
+            continue
+        scheduler.clock = step
+        try:
+            outputs = engine.step()
+        except (IllegalDecision, PolicyFailed) as exc:
+            result.error, result.error_step = str(exc), step
+            result.rule = getattr(exc, "rule", None)
+            return result
+        for out in outputs:
+            result.first_token_step.setdefault(out.request_id, step)
+            if out.finished:
+                result.last_token_step[out.request_id] = step
+                result.replies[out.request_id] = list(out.token_ids)
+        batch = scheduler.last_batch
+        result.timeline.append({"step": step, "batch": len(batch), "waiting": len(scheduler.waiting),
+                                "blocks_used": trace.num_blocks - engine.blocks.num_free_blocks,
+                                "tokens": sum(n for _, n in batch)})
+        result.preemptions = scheduler.preemptions
+        problems = pool_problems(engine.blocks, [s.request_id for s in scheduler.running])
+        if problems and not result.pool_problems:
+            result.pool_problems = [f"after step {step}: {p}" for p in problems]
+        stalled = 0 if batch else stalled + 1
+        if stalled >= stall_steps:
+            result.error, result.error_step = (
+                f"step {step}: stalled: no token was fed for {stall_steps} steps while "
+                f"{len(scheduler.running)} sequence(s) ran and {len(scheduler.waiting)} waited "
+                f"({engine.blocks.num_free_blocks} blocks free)"), step
+            return result
+    result.error, result.error_step = (f"step {max_steps}: the step limit was reached with "
+                                       f"{len(result.unfinished)} request(s) unfinished"), max_steps
+    return result
+
+
+def pool_problems(blocks: BlockManager, holders: list[str]) -> list[str]:
+    """Broken invariants of the block pool: every block is free, idle in the prefix cache, or
+    held, each exactly once, with a reference count equal to the number of tables holding it."""
+    held = Counter(b for sid in holders for b in blocks.block_table(sid))
+    free, idle = blocks.free_block_ids, blocks.cache.idle_blocks()
+    problems = []
+    if len(set(free)) != len(free):
+        problems.append(f"blocks {sorted(b for b, k in Counter(free).items() if k > 1)} are on the free list twice (double free)")
+    both = (set(free) | set(idle)) & set(held)
+    if both:
+        problems.append(f"blocks {sorted(both)} are free and held at once")
+    wrong = [b for b in range(blocks.num_blocks) if blocks.ref_count(b) != held[b]]
+    if wrong:
+        problems.append(f"blocks {wrong[:5]} have reference counts that differ from their holders")
+    lost = blocks.num_blocks - len(set(free) | set(idle) | set(held))
+    if lost:
+        problems.append(f"{lost} block(s) leaked: neither free, idle nor held")
+    return problems
+
+
+def service_levels(result: Replay) -> dict:
+    """Throughput (tokens per step, from the first arrival to the last token) and TTFT / TPOT
+    (steps) percentiles over the finished requests, as chapter 9 counts them."""
+    done = [rid for rid in result.replies if result.replies[rid]]
+    if not done:
+        return {"throughput": 0.0, "ttft_p50": float("inf"), "ttft_p99": float("inf"),
+                "tpot_p50": float("inf"), "tpot_p99": float("inf"), "steps": 0, "preemptions": result.preemptions}
+    start = min(r["arrival_step"] for r in result.trace.requests)
+    end = max(result.last_token_step[rid] for rid in done) + 1
+    ttft = result.ttft()
+    ttfts = [ttft[rid] for rid in done]
+    tpots = [(result.last_token_step[rid] - result.first_token_step[rid]) / (len(result.replies[rid]) - 1)
+             for rid in done if len(result.replies[rid]) > 1]
+    return {"throughput": sum(len(result.replies[rid]) for rid in done) / (end - start),
+            "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
+            "tpot_p50": percentile(tpots, 50) if tpots else 0.0, "tpot_p99": percentile(tpots, 99) if tpots else 0.0,
+            "steps": end - start, "preemptions": result.preemptions}
+
+
+def timeline_figure(runs: dict[str, dict[str, Replay]], num_cols: int | None = None):
+    """A small matplotlib figure: for each trace (a key of `runs`), the sequences in each step's
+    batch and the blocks in use after it, one line per policy (the inner keys). Returns the figure."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(2, len(runs), figsize=(3.2 * len(runs), 4.2), squeeze=False, sharex="col")
+    for col, (kind, by_policy) in enumerate(runs.items()):
+        for label, result in by_policy.items():
+            steps = [t["step"] for t in result.timeline]
+            axes[0][col].step(steps, [t["batch"] for t in result.timeline], where="post", label=label)
+            axes[1][col].step(steps, [t["blocks_used"] for t in result.timeline], where="post", label=label)
+        trace = next(iter(by_policy.values())).trace
+        axes[0][col].set_title(kind, fontsize=9)
+        axes[0][col].axhline(trace.max_num_seqs, color="grey", lw=0.6, ls=":")
+        axes[1][col].axhline(trace.num_blocks, color="grey", lw=0.6, ls=":")
+        axes[1][col].set_xlabel("step", fontsize=8)
+        for ax in axes[:, col] if hasattr(axes, "shape") else (axes[0][col], axes[1][col]):
+            ax.tick_params(labelsize=7)
+    axes[0][0].set_ylabel("sequences in the batch", fontsize=8)
+    axes[1][0].set_ylabel("blocks in use", fontsize=8)
+    axes[0][0].legend(fontsize=7)
+    fig.tight_layout()
+    return fig
