@@ -185,6 +185,19 @@ def test_zip_holds_the_scripts_and_grading_code_but_no_solutions(zip_path):
         assert check.returncode == 0, f"{script}: {check.stderr}"
 
 
+def test_the_capstone_zip_holds_its_grader_and_the_engine_but_no_solutions(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "autograder", "gradescope", "ch12", "-o",
+                          str(tmp_path)], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    assert run.returncode == 0, run.stderr
+    archive = zipfile.ZipFile(run.stdout.strip())
+    names = archive.namelist()
+    assert {"autograder/tests/test_ch12_serving_capstone.py", "reference/engine/replay.py",
+            "reference/engine/scheduler.py"} <= set(names)
+    assert not [n for n in names if "solutions" in n]
+    assert 'chapter="ch12_serving_capstone"' in archive.read("run_autograder").decode()
+
+
 @pytest.mark.parametrize("mode", MODES)
 def test_honest_submission_scores_full(zip_path, tmp_path, mode):
     results = run_autograder(zip_path, tmp_path / "autograder",

@@ -30,7 +30,8 @@ from autograder.source_notebook import release
 pytestmark = pytest.mark.slow   # runs whole notebooks in Jupyter kernels
 
 ROOT = Path(__file__).resolve().parents[1]
-CHAPTERS = {"ch01": "ch01_naive_decoding", "ch02": "ch02_kv_cache"}
+CHAPTERS = {"ch01": "ch01_naive_decoding", "ch02": "ch02_kv_cache",
+            "ch12": "ch12_serving_capstone"}
 AUTOGRADED = "ch02"
 FULL = 10   # sum of chapter 02's @exercise points
 CONFIG = """c = get_config()
@@ -78,6 +79,23 @@ def course(tmp_path_factory) -> Path:
     return course
 
 
+def documented(source: str) -> list[tuple[str, str | None]]:
+    """(name, docstring) of the classes, their methods and the functions of a cell; helpers
+    nested inside a function (a solution's own) are not part of what the learner keeps."""
+    found = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.ClassDef)):
+                found.append((child.name, ast.get_docstring(child)))
+                if isinstance(child, ast.ClassDef):
+                    visit(child)
+            else:
+                visit(child)
+    visit(ast.parse(source))
+    return found
+
+
 @pytest.mark.parametrize("short", CHAPTERS)
 def test_release_keeps_imports_signatures_and_docstrings(course, short):
     chapter = CHAPTERS[short]
@@ -87,11 +105,9 @@ def test_release_keeps_imports_signatures_and_docstrings(course, short):
     assert set(released) == set(ours) == set(solutions)
     for gid, cell in released.items():
         assert cell.rstrip() == release(ours[gid]).rstrip(), gid
-        docs = [(n.name, ast.get_docstring(n)) for n in ast.walk(ast.parse(cell))
-                if isinstance(n, (ast.FunctionDef, ast.ClassDef))]
+        docs = documented(cell)
         assert docs and all(doc for _, doc in docs), gid
-        assert docs == [(n.name, ast.get_docstring(n)) for n in ast.walk(ast.parse(
-            solutions[gid])) if isinstance(n, (ast.FunctionDef, ast.ClassDef))], gid
+        assert docs == documented(solutions[gid]), gid
 
 
 def test_validate_fails_on_stubs_and_passes_with_solutions(course, monkeypatch):
