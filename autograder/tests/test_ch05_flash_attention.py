@@ -109,7 +109,7 @@ class _KeyStream:
     """One attention problem the grader feeds to attend_tile key tile by key tile: ``hidden``
     keys first (the learner gets only their state), then tiles of widths drawn per step.
     Query row 0 sees none of the hidden keys nor the first tile (its state is empty when an
-    all-hidden tile arrives: the guard); query row 1's scores climb by 32 per key, over 600 to 1500 in all
+    all-hidden tile arrives: the guard); query row 1's scores climb by 32 per key, 500 to 1300 in all
     (exp of a raw score overflows, the max grows in every tile); the other rows see keys
     under a causal-like mask with random holes."""
 
@@ -118,10 +118,10 @@ class _KeyStream:
         lead = [(randint(gen, 1, 3),), (randint(gen, 1, 2), randint(gen, 1, 2))][randint(gen, 0, 1)]
         n_q, dim = randint(gen, 2, 6), [4, 8, 16][randint(gen, 0, 2)]
         self.scale = [0.5, 0.25, 0.125][randint(gen, 0, 2)]
-        self.n_hidden, n_k = randint(gen, 1, 6), randint(gen, 20, 44)
+        self.n_hidden, n_k = randint(gen, 1, 6), randint(gen, 16, 36)
         widths = []
         while sum(widths) < n_k:
-            widths.append(min(randint(gen, 1, 12), n_k - sum(widths)))
+            widths.append(min(randint(gen, 1, 14), n_k - sum(widths)))
         self.widths = widths
         total = self.n_hidden + n_k
         self.q = _exact(gen, *lead, n_q, dim)
