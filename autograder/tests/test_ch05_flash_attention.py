@@ -6,7 +6,9 @@ Expected values come from ``reference.kernels.torch_reference`` (plain attention
 produce (mask off by one, queries not aligned to the end, tail tile dropped, wrong K/V head) to
 name the slip. The kernel runs in the learner's process under ``TRITON_INTERPRET=1``; the grader
 owns its launcher, poisons every output and the spare rows and heads of its input buffers with NaN.
-Tiled means tiled, a prerequisite (``PrerequisiteFailed``: without it the exercise scores 0):
+The grader owns the key loop of ``attend_tile``: one key tile per call, from states of keys the
+learner never sees and states the grader picks, on interleaved problems, (acc, m, l) checked
+after every tile. Tiled means tiled, a prerequisite (``PrerequisiteFailed``: without it the exercise scores 0):
 ``tiled_attention`` is graded under a memory limit of its own (``TILED_MEMORY_MB``) and runs first
 on a float64 case, one query tile of all rows and 128-key tiles, whose whole score matrix is 5%
 larger than that limit even in float32, so neither the whole matrix nor a query tile's whole rows

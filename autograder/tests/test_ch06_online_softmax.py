@@ -3,7 +3,12 @@
 Expected values are a float64 softmax (``torch.softmax`` here, in the grader) and
 ``reference.kernels.torch_reference.merge_softmax_states``, on inputs drawn from
 ``torch.Generator().manual_seed(seed)``. Wrong answers are compared with what the usual slips
-produce (no rescale, no max subtraction, tail masked with 0) to name the slip. The kernel runs
+produce (no rescale, no max subtraction, no guard, state ignored, tail masked with 0) to name the
+slip. The grader owns the loop: ``online_softmax_update`` is fed one tile per call, from states of
+columns the learner never sees and states the grader picks, on interleaved row batches, and its
+(m, l) is checked after every tile; ``online_softmax`` returns the state after every tile, each
+compared with the state of the columns read by then (right last state, wrong earlier ones:
+``PrerequisiteFailed``). Every row batch shows every property (``_rows``). The kernel runs
 in the learner's process under ``TRITON_INTERPRET=1`` (natively where CUDA is available); this
 file owns its launcher (grid, BLOCK, strides) and poisons every output element with NaN.
 """
