@@ -4,6 +4,37 @@ Loaded with ``autograder.solutions.load_solutions("ch05_flash_attention")``; nev
 module by the grader (each section is injected into the notebook and graded).
 """
 
+# %% grade_id: attend_tile
+import torch
+
+
+def attend_tile(acc, m, l, q, k, v, scale: float, visible=None):
+    """One key tile of flash attention: fold the keys k and values v into the running state
+    of the queries q.
+
+    q [..., Bq, D]; k, v [..., Bk, D] (Bk >= 1): the next tile of keys and values. The state
+    of each query row over the keys folded in so far: acc [..., Bq, D], the UNnormalised output
+    sum_j exp(s_j - m) v_j; m [..., Bq], the max score; l [..., Bq], sum_j exp(s_j - m)
+    ((0, -inf, 0) before any key, or while every key so far was hidden from the row).
+    Scores s = (q @ k^T) * scale, [..., Bq, Bk]; where visible (bool, broadcastable to the
+    scores; None: every key visible) is False, the key does not count (its score is -inf).
+    Returns (acc, m, l) after the tile, shapes and dtype as given: m grows to the tile's max,
+    and acc and l, measured from the old max, are rescaled by exp(m_old - m_new) before the
+    tile's terms are added. A row that has seen no visible key stays (0, -inf, 0), without NaN.
+    The state may come from keys you never saw: it is all you know about them. softmax
+    functions, the one-line normalisers, scaled_dot_product_attention and flex_attention are
+    forbidden.
+    """
+    s = (q @ k.transpose(-1, -2)) * scale
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    m_new = torch.maximum(m, s.amax(-1))
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # no key yet
+    alpha = torch.exp(m - safe)                                   # rescales the old sums
+    p = torch.exp(s - safe[..., None])
+    return acc * alpha[..., None] + p @ v, m_new, l * alpha + p.sum(-1)
+
+
 # %% grade_id: tiled_attention
 import math
 

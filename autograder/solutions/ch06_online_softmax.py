@@ -4,30 +4,56 @@ Loaded with ``autograder.solutions.load_solutions("ch06_online_softmax")``; neve
 module by the grader (each section is injected into the notebook and graded).
 """
 
+# %% grade_id: online_softmax_update
+def online_softmax_update(m: Tensor, l: Tensor, tile_scores: Tensor) -> tuple[Tensor, Tensor]:
+    """One step of the online softmax: fold one more tile of scores into the running state.
+
+    m, l [...]: the state of the columns read so far, per row: their max m and the sum
+    l = sum exp(s - m) ((-inf, 0) when no column has been read, or all were -inf).
+    tile_scores [..., T] (T >= 1): the next T columns of the same rows; entries may be -inf.
+    Returns (m_new, l_new), shape [...] and dtype of m: m_new = max(m, max of the tile) and
+    l_new = l * exp(m - m_new) + sum exp(tile - m_new) (the old sum re-measured from the new
+    max). A row whose state and tile are all -inf stays (-inf, 0), without NaN.
+    The state may come from columns you never saw: it is all you know about them.
+    torch.softmax, F.softmax, logsumexp and the other one-line normalisers are not allowed.
+    """
+    m_new = torch.maximum(m, tile_scores.amax(dim=-1))
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # nothing yet
+    l_new = l * torch.exp(m - safe) + torch.exp(tile_scores - safe[..., None]).sum(dim=-1)
+    return m_new, l_new
+
+
 # %% grade_id: online_softmax
 def online_softmax(scores: Tensor, tile: int) -> tuple[Tensor, Tensor, Tensor]:
     """Softmax over the last dim of `scores` [..., N], reading `tile` columns at a time.
 
-    Keep, per row, the running max m and the sum l = sum exp(s - m) of the columns read so far;
-    when a tile raises the max from m_old to m_new, rescale l by exp(m_old - m_new) before adding
-    the tile's terms. A final sweep writes exp(s - m) / l. Entries may be -inf (probability 0);
-    every row has at least one finite entry, but a whole tile of a row may be -inf.
+    Start from the empty state (m, l) = (-inf, 0) per row and fold in the tiles
+    scores[..., 0:tile], scores[..., tile:2*tile], ... in order (the last may be shorter) with
+    the update of exercise 1 (call your online_softmax_update, or write the same step here),
+    recording the state after every tile. A final sweep writes exp(s - m) / l with the last
+    state. Entries may be -inf (probability 0); every row has at least one finite entry, but
+    a whole tile of a row may be -inf.
 
-    Returns (probs [..., N] like scores, m [...], l [...]) with m the row max and l the sum of
-    exp(s - m) over the row. torch.softmax, F.softmax and logsumexp are not allowed.
-    Raises ValueError if tile < 1.
+    Returns (probs [..., N] like scores, m [..., n_tiles], l [..., n_tiles]), n_tiles =
+    ceil(N / tile): m[..., t] and l[..., t] are the running max and sum after tile t (over
+    columns 0 .. (t + 1) * tile - 1), in scores' dtype; the last column is the row's max and
+    sum. torch.softmax, F.softmax, logsumexp and the other one-line normalisers are not
+    allowed. Raises ValueError if tile < 1.
     """
     if tile < 1:
         raise ValueError(f"tile must be a positive number of columns, got {tile}")
     m = torch.full(scores.shape[:-1], float("-inf"), dtype=scores.dtype)
     l = torch.zeros_like(m)
+    ms, ls = [], []
     for start in range(0, scores.shape[-1], tile):
         block = scores[..., start:start + tile]
         m_new = torch.maximum(m, block.amax(dim=-1))
         safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # all -inf so far
         l = l * torch.exp(m - safe) + torch.exp(block - safe[..., None]).sum(dim=-1)
         m = m_new
-    return torch.exp(scores - m[..., None]) / l[..., None], m, l
+        ms.append(m)
+        ls.append(l)
+    return torch.exp(scores - m[..., None]) / l[..., None], torch.stack(ms, -1), torch.stack(ls, -1)
 
 
 # %% grade_id: merge_softmax_states

@@ -6,7 +6,9 @@ Expected values come from ``reference.kernels.torch_reference`` (plain attention
 produce (mask off by one, queries not aligned to the end, tail tile dropped, wrong K/V head) to
 name the slip. The kernel runs in the learner's process under ``TRITON_INTERPRET=1``; the grader
 owns its launcher, poisons every output and the spare rows and heads of its input buffers with NaN.
-Tiled means tiled, a prerequisite (``PrerequisiteFailed``: without it the exercise scores 0):
+The grader owns the key loop of ``attend_tile``: one key tile per call, from states of keys the
+learner never sees and states the grader picks, on interleaved problems, (acc, m, l) checked
+after every tile. Tiled means tiled, a prerequisite (``PrerequisiteFailed``: without it the exercise scores 0):
 ``tiled_attention`` is graded under a memory limit of its own (``TILED_MEMORY_MB``) and runs first
 on a float64 case, one query tile of all rows and 128-key tiles, whose whole score matrix is 5%
 larger than that limit even in float32, so neither the whole matrix nor a query tile's whole rows
@@ -78,6 +80,187 @@ def _name_slip(got, slips: dict[str, torch.Tensor]) -> str | None:
                                                           atol=1e-4, equal_nan=True):
             return advice
     return None
+
+
+# ----------------------------------------------------------------------------- attend_tile
+
+NO_ROW_YET = ("a row that has seen no visible key yet has m = -inf, and exp(-inf - (-inf)) is "
+              "NaN: use 0 in place of an m_new that is still -inf (the state stays (0, -inf, 0))")
+TILE_IGNORED_STATE = ("the incoming state (acc, m, l) was ignored: fold the tile INTO it. The "
+                      "grader passes states of keys you never see, so the state is all there is "
+                      "of them")
+
+
+def _exact(gen, *shape) -> torch.Tensor:
+    """N(0, 1) rounded to multiples of 1/16: with the scale a power of two, every score of
+    these is exact in float32, so the grader's float64 maxima are the learner's."""
+    return (torch.randn(*shape, generator=gen, dtype=torch.float64) * 16).round() / 16
+
+
+def _state64(q, k, v, visible, scale):
+    """(acc, m, l) of each query row over the keys k, v where ``visible``, in float64."""
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    s = s.masked_fill(~visible, float("-inf"))
+    m = s.amax(-1) if s.shape[-1] else s.new_full(s.shape[:-1], float("-inf"))
+    safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    p = torch.exp(s - safe[..., None])
+    return p @ v.double(), m, p.sum(-1)
+
+
+class _KeyStream:
+    """One attention problem the grader feeds to attend_tile key tile by key tile: ``hidden``
+    keys first (the learner gets only their state), then tiles of widths drawn per step.
+    Query row 0 sees none of the hidden keys nor the first tile (its state is empty when an
+    all-hidden tile arrives: the guard); query row 1's scores climb by 32 per key, 500 to 1300 in all
+    (exp of a raw score overflows, the max grows in every tile); the other rows see keys
+    under a causal-like mask with random holes."""
+
+    def __init__(self, gen, dtype):
+        self.dtype = dtype
+        lead = [(randint(gen, 1, 3),), (randint(gen, 1, 2), randint(gen, 1, 2))][randint(gen, 0, 1)]
+        n_q, dim = randint(gen, 2, 6), [4, 8, 16][randint(gen, 0, 2)]
+        self.scale = [0.5, 0.25, 0.125][randint(gen, 0, 2)]
+        self.n_hidden, n_k = randint(gen, 1, 6), randint(gen, 16, 36)
+        widths = []
+        while sum(widths) < n_k:
+            widths.append(min(randint(gen, 1, 14), n_k - sum(widths)))
+        self.widths = widths
+        total = self.n_hidden + n_k
+        self.q = _exact(gen, *lead, n_q, dim)
+        self.k = _exact(gen, *lead, total, dim)
+        self.v = torch.randn(*lead, total, dim, generator=gen, dtype=torch.float64)
+        self.q[..., 1, :] = 0.0
+        self.q[..., 1, 0] = 64.0 / self.scale              # scores of row 1: 32 * (j - total // 2)
+        self.k[..., 0] = (torch.arange(total, dtype=torch.float64) - total // 2) / 2
+        rows = torch.arange(n_q)[:, None]
+        cols = torch.arange(total)[None, :]
+        self.visible = (cols <= rows * 3 + self.n_hidden + randint(gen, 0, 8)) \
+            & (torch.rand(n_q, total, generator=gen) < 0.85)
+        self.visible[0] = cols[0] >= self.n_hidden + widths[0]
+        self.visible[0, -1] = True
+        self.visible[1] = True
+        self.q, self.k, self.v = (t.to(dtype) for t in (self.q, self.k, self.v))
+        self.start = self._state(self.n_hidden)
+
+    def _state(self, end, begin=0):
+        cut = slice(begin, end)
+        return _state64(self.q, self.k[..., cut, :], self.v[..., cut, :], self.visible[:, cut],
+                        self.scale)
+
+    def bounds(self, t):
+        start = self.n_hidden + sum(self.widths[:t])
+        return start, start + self.widths[t]
+
+    def state(self, t, begin=0):
+        """The float64 state after the hidden keys (from ``begin``) and the first t tiles."""
+        return self._state(self.n_hidden + sum(self.widths[:t]), begin)
+
+    def cast(self, state):
+        return tuple(x.to(self.dtype) for x in state)
+
+    def describe(self):
+        return (f"q {list(self.q.shape)}, {self.n_hidden} hidden keys, key tiles "
+                f"{self.widths}, scale {self.scale}, {str(self.dtype)[6:]}")
+
+
+def _step64(state, q, k, v, visible, scale, *, rescale_acc=True, rescale_l=True):
+    """One attend_tile step in float64 from ``state``, optionally with a usual slip."""
+    acc, m, l = (x.double() for x in state)
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    s = s.masked_fill(~visible, float("-inf"))
+    m_new = torch.maximum(m, s.amax(-1))
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    alpha = torch.exp(m - safe)
+    p = torch.exp(s - safe[..., None])
+    return ((acc * alpha[..., None] if rescale_acc else acc) + p @ v.double(), m_new,
+            (l * alpha if rescale_l else l) + p.sum(-1))
+
+
+def _attend_slip(stream, state_in, t, got, expected) -> str | None:
+    """The advice of the usual slip of one attend_tile step that ``got`` matches."""
+    if not (isinstance(got, (tuple, list)) and len(got) == 3
+            and all(isinstance(x, torch.Tensor) and x.shape == e.shape for x, e in zip(got, expected))):
+        return None
+    got = tuple(x.double() for x in got)
+    a, b = stream.bounds(t)
+    q, k, v, seen = stream.q, stream.k[..., a:b, :], stream.v[..., a:b, :], stream.visible[:, a:b]
+    bad = got[0].isnan().any(-1) | got[0].isinf().any(-1) | got[1].isnan() | got[2].isnan() \
+        | got[2].isinf()
+    if bad.any():
+        empty = (state_in[1] == float("-inf")) & ~seen.any(-1)
+        return NO_ROW_YET if bool(empty[bad].all()) else (
+            "inf/NaN: subtract the running max before exp (exp of a score in the hundreds "
+            "overflows), and rescale l and acc by exp(m_old - m_new) when the max grows")
+    empty = tuple(x.new_zeros(x.shape) for x in state_in)
+    empty[1].fill_(float("-inf"))
+    slips = {RESCALE_SLIPS["l"]: _step64(state_in, q, k, v, seen, stream.scale, rescale_acc=False),
+             RESCALE_SLIPS[""]: _step64(state_in, q, k, v, seen, stream.scale, rescale_acc=False,
+                                        rescale_l=False),
+             TILE_IGNORED_STATE: _step64(empty, q, k, v, seen, stream.scale),
+             "multiply the scores q k^T by scale (once)": _step64(state_in, q, k, v, seen, 1.0)}
+    close = lambda xs, ys: all(torch.allclose(x, y, rtol=1e-4, atol=1e-5, equal_nan=True)
+                               for x, y in zip(xs, ys))
+    for advice, candidate in slips.items():
+        if close(got, candidate) and not close(candidate, expected):
+            return advice
+    return None
+
+
+def _check_attend(learner, stream, state_in, t, expected, how):
+    a, b = stream.bounds(t)
+    got = learner.call("attend_tile", *state_in, stream.q, stream.k[..., a:b, :],
+                       stream.v[..., a:b, :], stream.scale, stream.visible[:, a:b])
+    call = (f"attend_tile on key tile {t + 1} (keys {a}..{b - 1}) of {stream.describe()}, {how}")
+    if not (isinstance(got, (tuple, list)) and len(got) == 3):
+        raise AssertionError(f"{call}: returned {type(got).__name__}; return (acc, m, l)")
+    hint = _attend_slip(stream, state_in, t, got, expected)
+    for name, value, exp in zip(("acc", "m", "l"), got, expected):
+        assert_close(value, exp, name=f"{name} after {call}", rtol=1e-5, atol=1e-5, hint=hint)
+        if value.dtype != stream.dtype:
+            raise AssertionError(f"{name} after {call} has dtype {value.dtype}; keep the state in "
+                                 f"the dtype it came in ({stream.dtype})")
+    return tuple(got)
+
+
+def _interleave(gen, streams):
+    """(stream, tile index) pairs alternating between the streams in a random order."""
+    next_tile, order = [0] * len(streams), []
+    while any(n < len(s.widths) for n, s in zip(next_tile, streams)):
+        ready = [i for i, s in enumerate(streams) if next_tile[i] < len(s.widths)]
+        i = ready[randint(gen, 0, len(ready) - 1)]
+        order.append((i, next_tile[i]))
+        next_tile[i] += 1
+    return order
+
+
+@exercise("attend_tile", points=2, forbid=SOFTMAX_FORBIDDEN)
+def test_attend_tile_driven_key_tile_by_key_tile(learner, seed):
+    """The grader owns the key loop: three attention problems of fresh sizes, each starting
+    from the state of keys the learner never sees, fed one key tile per call (widths drawn per
+    step) in an interleaved order, each call from the learner's own previous state; (acc, m, l)
+    after every tile is compared with float64 over every key before it."""
+    gen = generator(seed + 5)
+    streams = [_KeyStream(gen, dtype) for dtype in (torch.float32, torch.float64, torch.float32)]
+    states = [s.cast(s.start) for s in streams]
+    for i, t in _interleave(gen, streams):
+        s = streams[i]
+        states[i] = _check_attend(learner, s, states[i], t, s.state(t + 1),
+                                  "fed after your own state of the keys before")
+
+
+@exercise("attend_tile", points=2, forbid=SOFTMAX_FORBIDDEN)
+def test_attend_tile_from_states_the_grader_picks(learner, seed):
+    """Every call starts from a state the grader computed, now and then over a different set
+    of earlier keys: the step may rely on nothing but the state and the tile."""
+    gen = generator(seed + 6)
+    streams = [_KeyStream(gen, dtype) for dtype in (torch.float32, torch.float32, torch.float64)]
+    begin = [0] * len(streams)
+    for i, t in _interleave(gen, streams):
+        s = streams[i]
+        if t and randint(gen, 0, 2) == 0:
+            begin[i] = randint(gen, 0, s.n_hidden - 1)      # forget some of the earliest keys
+        _check_attend(learner, s, s.cast(s.state(t, begin[i])), t, s.state(t + 1, begin[i]),
+                      "fed after a state the grader picked")
 
 
 # ------------------------------------------------------------------------- tiled_attention

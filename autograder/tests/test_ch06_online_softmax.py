@@ -3,7 +3,12 @@
 Expected values are a float64 softmax (``torch.softmax`` here, in the grader) and
 ``reference.kernels.torch_reference.merge_softmax_states``, on inputs drawn from
 ``torch.Generator().manual_seed(seed)``. Wrong answers are compared with what the usual slips
-produce (no rescale, no max subtraction, tail masked with 0) to name the slip. The kernel runs
+produce (no rescale, no max subtraction, no guard, state ignored, tail masked with 0) to name the
+slip. The grader owns the loop: ``online_softmax_update`` is fed one tile per call, from states of
+columns the learner never sees and states the grader picks, on interleaved row batches, and its
+(m, l) is checked after every tile; ``online_softmax`` returns the state after every tile, each
+compared with the state of the columns read by then (right last state, wrong earlier ones:
+``PrerequisiteFailed``). Every row batch shows every property (``_rows``). The kernel runs
 in the learner's process under ``TRITON_INTERPRET=1`` (natively where CUDA is available); this
 file owns its launcher (grid, BLOCK, strides) and poisons every output element with NaN.
 """
@@ -18,33 +23,28 @@ import torch
 import triton
 
 from autograder.boundary.causes import LearnerError
-from autograder.rules.feedback import assert_close
+from autograder.rules.feedback import PrerequisiteFailed, assert_close
 from autograder.rules.inputs import generator, randint
 from autograder.rules.plugin import exercise
 from reference.kernels.torch_reference import merge_softmax_states as reference_merge
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SOFTMAX_FUNCTIONS = ["torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax",
-                     "torch.log_softmax", "torch.nn.functional.log_softmax",
-                     "torch.logsumexp", "torch.special.logsumexp",
-                     "torch.Tensor.softmax", "torch.Tensor.log_softmax", "torch.Tensor.logsumexp"]
+SOFTMAX_FUNCTIONS = [  # the softmax, and every one-line normaliser that does its work
+    "torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch.Tensor.softmax",
+    "torch._softmax", "torch.nn.functional.softmin",
+    "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.special.log_softmax",
+    "torch.Tensor.log_softmax", "torch._log_softmax",
+    "torch.logsumexp", "torch.special.logsumexp", "torch.Tensor.logsumexp",
+    "torch.logcumsumexp", "torch.Tensor.logcumsumexp"]
 NO_RESCALE = ("ℓ was not rescaled when the max grew: before adding a tile's terms, multiply the "
               "running sum by exp(m_old - m_new)")
 NO_MAX = "subtract the (running) max before exp: exp of a score above ~88 overflows float32"
+IGNORED_STATE = ("the incoming state (m, l) was ignored: fold the tile INTO it. The grader passes "
+                 "states of columns you never see, so (m, l) is all there is of them")
+NO_MAX_UPDATE = ("m_new = max(m, max of the tile): the running max never decreases, and stays "
+                 "-inf only while every score read is -inf")
 EMPTY_TILE = ("a tile whose scores are all -inf leaves m = -inf, and exp(-inf - (-inf)) is NaN: "
               "use 0 in place of an m that is still -inf (the rescale of an empty sum is 0)")
-
-
-def _scores(gen, shape, scale=3.0):
-    return (torch.randn(shape, generator=gen, dtype=torch.float64) * scale).float()
-
-
-def _call_online(learner, x, tile):
-    got = learner.call("online_softmax", x, tile)
-    if not (isinstance(got, tuple) and len(got) == 3):
-        raise AssertionError(f"online_softmax(scores, tile={tile}) returned {type(got).__name__}; "
-                             "return the tuple (probs, m, l)")
-    return got
 
 
 def _no_rescale(x, tile):
@@ -53,63 +53,225 @@ def _no_rescale(x, tile):
     l = torch.zeros_like(m)
     for start in range(0, x.shape[-1], tile):
         m = torch.maximum(m, x[..., start:start + tile].amax(-1))
-        l = l + torch.exp(x[..., start:start + tile] - m[..., None]).sum(-1)
+        safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+        l = l + torch.exp(x[..., start:start + tile] - safe[..., None]).sum(-1)
     return torch.exp(x - m[..., None]) / l[..., None]
 
 
-def _check_online(learner, x, tile, what):
-    probs, m, l = _call_online(learner, x, tile)
-    x64 = x.double()
-    expected = torch.softmax(x64, dim=-1)
-    hint = None
-    if isinstance(probs, torch.Tensor) and probs.shape == x.shape:
-        if probs.isnan().any() or probs.isinf().any():
-            hint = EMPTY_TILE if x.isinf().any() else NO_MAX
-        elif torch.allclose(probs.double(), _no_rescale(x64, tile), rtol=1e-4, atol=1e-6):
-            hint = NO_RESCALE
-    call = f"online_softmax(scores {list(x.shape)} ({what}), tile={tile})"
-    assert_close(probs, expected, name=f"probs of {call}", rtol=1e-4, atol=1e-6, hint=hint)
-    m_expected = x64.amax(-1)
-    assert_close(m, m_expected, name=f"m of {call}", rtol=0, atol=0,
-                 hint="m is the largest score of each row (shape [...], the last dim reduced)")
-    assert_close(l, torch.exp(x64 - m_expected[..., None]).sum(-1), name=f"l of {call}", rtol=1e-4,
-                 atol=1e-6, hint=NO_RESCALE + " (l is measured from the final m)")
+def _row_state(s64: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, l) of every row of ``s64`` [..., n] (float64; n may be 0): the max and the sum of
+    exp(s - m), (-inf, 0) for a row with nothing finite."""
+    if s64.shape[-1] == 0:
+        return torch.full(s64.shape[:-1], float("-inf"), dtype=torch.float64), \
+            torch.zeros(s64.shape[:-1], dtype=torch.float64)
+    m = s64.amax(-1)
+    safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    return m, torch.exp(s64 - safe[..., None]).sum(-1)
+
+
+def _rows(gen, shape: tuple[int, ...], n: int, first: int, dtype=torch.float32) -> torch.Tensor:
+    """Scores [*shape, n] (prod(shape) >= 3) in which every property of the exercises shows:
+    row 0 climbs from about -1000 to +1000 (its max grows in every tile by far more than exp
+    can take: no raw exp, every old sum rescaled), row 1 starts with ``first`` columns of -inf
+    and keeps a third of -inf after them, row 2 ~ 3 N(0, 1) with a fifth of -inf, the others
+    ~ N(0, 1) times a random scale up to 30. Every row keeps a finite entry."""
+    x = torch.randn(*shape, n, generator=gen, dtype=torch.float64)
+    flat = x.view(-1, n)
+    scales = torch.rand(flat.shape[0], 1, generator=gen, dtype=torch.float64) * 30 + 0.5
+    flat.mul_(scales)
+    flat[0] = torch.linspace(-1000.0, 1000.0, n, dtype=torch.float64) + flat[0].clamp(-20, 20)
+    holes = torch.rand(flat.shape[0], n, generator=gen) < torch.tensor([0.0, 0.33, 0.2] + [0.0] * (
+        flat.shape[0] - 3))[:, None]
+    flat[holes] = float("-inf")
+    flat[1, :first] = float("-inf")
+    flat[1, -1] = 1.0 if first < n else flat[1, -1]
+    flat[2, 0] = 0.5
+    return x.to(dtype)
+
+
+def _state_slip(m_in, l_in, tile, got, expected) -> str | None:
+    """The advice of the usual slip of one update step that ``got`` (m, l) matches."""
+    m_in, l_in, tile = m_in.double(), l_in.double(), tile.double()
+    if not (isinstance(got, (tuple, list)) and len(got) == 2
+            and all(isinstance(t, torch.Tensor) and t.shape == m_in.shape for t in got)):
+        return None
+    g_m, g_l = (t.double() for t in got)
+    m_e, _ = expected
+    bad = g_m.isnan() | g_l.isnan() | (g_l == float("inf"))
+    if bad.any():   # only where state and tile are all -inf: the guard; elsewhere: overflow
+        empty = (m_in == float("-inf")) & (tile == float("-inf")).all(-1)
+        return EMPTY_TILE if bool(empty[bad].all()) else NO_MAX
+    safe = torch.where(m_e == float("-inf"), torch.zeros_like(m_e), m_e)
+    slips = {NO_RESCALE: (m_e, l_in + torch.exp(tile - safe[..., None]).sum(-1)),
+             IGNORED_STATE: _row_state(tile)}
+    for advice, (m_s, l_s) in slips.items():
+        if not (torch.equal(m_s, m_e) and torch.allclose(l_s, expected[1], rtol=1e-4))\
+                and torch.equal(g_m, m_s) and torch.allclose(g_l, l_s, rtol=1e-4, atol=1e-6):
+            return advice
+    if not torch.equal(g_m, m_e):
+        return NO_MAX_UPDATE
+    return None
+
+
+def _check_step(learner, m_in, l_in, tile, expected, what) -> tuple[torch.Tensor, torch.Tensor]:
+    """Call the learner's update on (m_in, l_in, tile); compare with ``expected`` (float64)."""
+    got = learner.call("online_softmax_update", m_in, l_in, tile)
+    call = f"online_softmax_update(m, l {list(m_in.shape)} {str(m_in.dtype)[6:]}, tile {list(tile.shape)}) {what}"
+    if not (isinstance(got, (tuple, list)) and len(got) == 2):
+        raise AssertionError(f"{call} returned {type(got).__name__}; return the pair (m_new, l_new)")
+    hint = _state_slip(m_in, l_in, tile, got, expected)
+    for name, value, exp, rtol in (("m_new", got[0], expected[0], 0.0), ("l_new", got[1], expected[1], 1e-5)):
+        assert_close(value, exp, name=f"{name} of {call}", rtol=rtol, atol=1e-6 if rtol else 0.0, hint=hint)
+        if value.dtype != m_in.dtype:
+            raise AssertionError(f"{name} of {call} has dtype {value.dtype}; keep the state in m's "
+                                 f"dtype ({m_in.dtype})")
+    return got[0], got[1]
+
+
+class _Stream:
+    """One row batch the grader feeds to the update tile by tile: ``hidden`` columns the learner
+    never sees (their state is the first one passed), then tiles of random widths."""
+
+    def __init__(self, gen, dtype):
+        shape = [(randint(gen, 3, 6),), (randint(gen, 1, 2), randint(gen, 3, 4))][randint(gen, 0, 1)]
+        widths = []
+        n = randint(gen, 24, 48)
+        while sum(widths) < n:
+            widths.append(min(randint(gen, 1, 9), n - sum(widths)))
+        self.widths = widths
+        self.dtype = dtype
+        self.x = _rows(gen, shape, n, widths[0], dtype)
+        self.hidden = self._hidden(gen)
+
+    def _hidden(self, gen):
+        """Scores of columns before the first tile: random length, row 1 none (its state is
+        the empty one, so its first, all -inf tile needs the guard), row 0 near -1100."""
+        h = torch.randn(*self.x.shape[:-1], randint(gen, 1, 6), generator=gen, dtype=torch.float64) * 5
+        flat = h.view(-1, h.shape[-1])
+        flat[0] -= 1100.0
+        flat[1] = float("-inf")
+        return h.to(self.dtype).double()      # scores the dtype can hold, so m is exact
+
+    def tile(self, t):
+        start = sum(self.widths[:t])
+        return self.x[..., start:start + self.widths[t]]
+
+    def state(self, t):
+        """The float64 state after the hidden columns and the first t tiles."""
+        seen = self.x[..., :sum(self.widths[:t])].double()
+        return _row_state(torch.cat([self.hidden, seen], -1))
+
+    def cast(self, state):
+        return tuple(v.to(self.dtype) for v in state)
+
+
+def _interleaved(gen, streams):
+    """(stream index, tile index) in an order that alternates between the streams at random."""
+    left = [len(s.widths) for s in streams]
+    order, next_tile = [], [0] * len(streams)
+    while any(left):
+        ready = [i for i, n in enumerate(left) if n]
+        i = ready[randint(gen, 0, len(ready) - 1)]
+        order.append((i, next_tile[i]))
+        next_tile[i] += 1
+        left[i] -= 1
+    return order
+
+
+UPDATE_FORBIDDEN = SOFTMAX_FUNCTIONS
+
+
+# --------------------------------------------------------------- online_softmax_update
+
+@exercise("online_softmax_update", points=2, forbid=UPDATE_FORBIDDEN)
+def test_update_driven_tile_by_tile_from_its_own_states(learner, seed):
+    """The grader owns the loop: three row batches (fresh sizes, tile widths drawn per step),
+    each starting from the state of columns the learner never sees, fed one tile per call in
+    an interleaved order; each call gets the learner's own previous state for that batch, and
+    (m, l) after every tile is compared with the float64 state of everything before it."""
+    gen = generator(seed)
+    streams = [_Stream(gen, dtype) for dtype in (torch.float32, torch.float32, torch.float64)]
+    states = [s.cast(s.state(0)) for s in streams]
+    for i, t in _interleaved(gen, streams):
+        s = streams[i]
+        states[i] = _check_step(learner, *states[i], s.tile(t), s.state(t + 1),
+                                f"(row batch {i + 1}, tile {t + 1} of {len(s.widths)}, fed after "
+                                "your own state of the tiles before)")
+
+
+@exercise("online_softmax_update", points=2, forbid=UPDATE_FORBIDDEN)
+def test_update_from_states_the_grader_picks(learner, seed):
+    """Every call starts from a state the grader computed (in float64, then cast), and now and
+    then from the state of a fresh set of unseen columns: the step may rely on nothing but
+    (m, l) and the tile."""
+    gen = generator(seed + 1)
+    streams = [_Stream(gen, dtype) for dtype in (torch.float32, torch.float64, torch.float32)]
+    for i, t in _interleaved(gen, streams):
+        s = streams[i]
+        if t and randint(gen, 0, 2) == 0:
+            s.hidden = s._hidden(gen)
+        _check_step(learner, *s.cast(s.state(t)), s.tile(t), s.state(t + 1),
+                    f"(row batch {i + 1}, tile {t + 1} of {len(s.widths)}, fed after a state the "
+                    "grader picked)")
 
 
 # ------------------------------------------------------------------------ online_softmax
 
-@exercise("online_softmax", points=4, forbid=SOFTMAX_FUNCTIONS)
-def test_online_softmax_on_random_rows(learner, seed):
-    gen = generator(seed)
-    for shape, tile in [((5, 8 * randint(gen, 3, 6) + randint(gen, 1, 7)), randint(gen, 5, 8)),
-                        ((2, 3, randint(gen, 40, 60)), 7), ((4, 20), 64), ((3, 12), 1)]:
-        _check_online(learner, _scores(gen, shape), tile, "random")
+def _check_online(learner, x, tile, what):
+    call = f"online_softmax(scores {list(x.shape)} {str(x.dtype)[6:]} ({what}), tile={tile})"
+    got = learner.call("online_softmax", x, tile)
+    if not (isinstance(got, tuple) and len(got) == 3):
+        raise AssertionError(f"{call} returned {type(got).__name__}; return the tuple (probs, m, l)")
+    probs, m, l = got
+    x64 = x.double()
+    n_tiles = -(-x.shape[-1] // tile)
+    m_e, l_e = (torch.stack(v, -1) for v in zip(*(_row_state(x64[..., :min(t * tile, x.shape[-1])])
+                                                  for t in range(1, n_tiles + 1))))
+    hint = None
+    if isinstance(probs, torch.Tensor) and probs.shape == x.shape:
+        bad = ~torch.isfinite(probs).all(-1)
+        for value in (m, l):
+            if isinstance(value, torch.Tensor) and value.shape[:-1] == x.shape[:-1]:
+                bad |= (value.isnan() | (value == float("inf"))).flatten(len(x.shape) - 1).any(-1)
+        empty_first = (x[..., :tile] == float("-inf")).all(-1)
+        if bad.any():   # NaN only where a first tile is all -inf: the guard; elsewhere: overflow
+            hint = EMPTY_TILE if bool(empty_first[bad].all()) else NO_MAX
+        elif torch.allclose(probs.double(), _no_rescale(x64, tile), rtol=1e-4, atol=1e-6):
+            hint = NO_RESCALE
+    states = f"one state per tile: shape {list(x.shape[:-1]) + [n_tiles]}"
+    for name, value in (("m", m), ("l", l)):
+        if not isinstance(value, torch.Tensor) or tuple(value.shape) != tuple(m_e.shape):
+            raise AssertionError(f"{name} of {call} has shape {list(getattr(value, 'shape', []))}; "
+                                 f"it holds the running {name} after every tile, {states}")
+    final_ok = (torch.equal(m[..., -1].double(), m_e[..., -1])
+                and torch.allclose(l[..., -1].double(), l_e[..., -1], rtol=1e-4, atol=1e-6))
+    earlier_ok = (torch.equal(m.double(), m_e)
+                  and torch.allclose(l.double(), l_e, rtol=1e-4, atol=1e-6, equal_nan=False))
+    if final_ok and not earlier_ok and n_tiles > 1:
+        bad = next(t for t in range(n_tiles) if not (
+            torch.equal(m[..., t].double(), m_e[..., t])
+            and torch.allclose(l[..., t].double(), l_e[..., t], rtol=1e-4, atol=1e-6)))
+        raise PrerequisiteFailed(
+            f"{call}: your final state is the row's, but your state after tile {bad + 1} is not "
+            f"the state of the {(bad + 1) * tile} columns read by then (m[..., {bad}], "
+            f"l[..., {bad}]). The online softmax reads the row tile by tile: each state is the "
+            "previous one updated with the next tile alone; a max and a sum taken over the "
+            "whole row (or measured from its final max) are not. The exercise scores 0 until "
+            "every state is the state of the columns read so far",
+            rule="the states must be those of the columns read so far, tile by tile")
+    assert_close(m, m_e, name=f"m of {call}", rtol=0, atol=0,
+                 hint="m[..., t] is the largest score of columns 0 .. (t + 1) * tile - 1")
+    assert_close(l, l_e, name=f"l of {call}", rtol=1e-4, atol=1e-6,
+                 hint=hint or NO_RESCALE + " (l[..., t] is measured from m[..., t])")
+    assert_close(probs, torch.softmax(x64, dim=-1), name=f"probs of {call}", rtol=1e-4, atol=1e-6,
+                 hint=hint)
+    for name, value in (("probs", probs), ("m", m), ("l", l)):
+        if value.dtype != x.dtype:
+            raise AssertionError(f"{name} of {call} has dtype {value.dtype}; return scores' dtype {x.dtype}")
 
 
-@exercise("online_softmax", points=4, forbid=SOFTMAX_FUNCTIONS)
-def test_online_softmax_on_large_scores(learner, seed):
-    gen = generator(seed)
-    x = _scores(gen, (4, randint(gen, 30, 50)), scale=1000.0)
-    x[:, -1] = x.amax(-1) + 200          # the max arrives in the last tile: every l is rescaled
-    _check_online(learner, x, 8, "scores ~ 1000")
-
-
-@exercise("online_softmax", points=4, forbid=SOFTMAX_FUNCTIONS)
-def test_online_softmax_with_minus_inf_entries(learner, seed):
-    gen = generator(seed)
-    n = randint(gen, 30, 45)
-    x = _scores(gen, (5, n))
-    x[torch.rand(x.shape, generator=gen) < 0.3] = float("-inf")      # a masked third
-    x[:, 0] = 1.0                                                    # every row keeps a finite entry
-    x[1, :] = float("-inf")
-    x[1, 9:] = _scores(gen, (n - 9,))                                # row 1: its first tile all -inf
-    x[3, :8] = float("-inf")                                         # row 3 too, the tile size 8
-    _check_online(learner, x, 8, "with -inf entries")
-
-
-@exercise("online_softmax", points=4, forbid=SOFTMAX_FUNCTIONS)
-def test_online_softmax_rejects_a_bad_tile(learner, seed):
-    tile = -randint(generator(seed), 0, 3)
+def _check_bad_tile(learner, gen):
+    tile = -randint(gen, 0, 3)
     try:
         learner.call("online_softmax", torch.zeros(2, 5), tile)
     except LearnerError as exc:
@@ -119,6 +281,31 @@ def test_online_softmax_rejects_a_bad_tile(learner, seed):
                              f"instead {exc}") from None
     raise AssertionError(f"online_softmax(scores, tile={tile}) returned; it should raise ValueError "
                          "(a tile needs at least one column)")
+
+
+def _online_cases(gen, dtype):
+    """Three calls on fresh sizes: each row batch shows every property (``_rows``), its tile
+    drawn per call, never dividing N, so the last tile is shorter."""
+    for shape in [(randint(gen, 3, 6),), (randint(gen, 1, 2), randint(gen, 3, 4)), (randint(gen, 3, 5),)]:
+        tile = randint(gen, 2, 9)
+        n = tile * randint(gen, 3, 7) + randint(gen, 1, tile - 1)
+        yield _rows(gen, shape, n, tile, dtype), tile
+
+
+@exercise("online_softmax", points=2, forbid=SOFTMAX_FUNCTIONS)
+def test_online_softmax_states_after_every_tile(learner, seed):
+    gen = generator(seed + 2)
+    for x, tile in _online_cases(gen, torch.float32):
+        _check_online(learner, x, tile, "float32")
+    _check_bad_tile(learner, gen)
+
+
+@exercise("online_softmax", points=2, forbid=SOFTMAX_FUNCTIONS)
+def test_online_softmax_states_after_every_tile_float64(learner, seed):
+    gen = generator(seed + 3)
+    for x, tile in _online_cases(gen, torch.float64):
+        _check_online(learner, x, tile, "float64")
+    _check_bad_tile(learner, gen)
 
 
 # ------------------------------------------------------------------ merge_softmax_states

@@ -5,6 +5,103 @@ Each section is the body of one solution cell, written in full or, for a slip, a
 none may earn the exercise's full points.
 """
 
+# %% grade_id: attend_tile | wrong: rescales l but not acc when the max grows
+# expect: multiply acc (as well as l) by exp(m_old - m_new)
+# replace:
+#     return acc * alpha[..., None] + p @ v, m_new, l * alpha + p.sum(-1)
+# with:
+#     return acc + p @ v, m_new, l * alpha + p.sum(-1)
+
+# %% grade_id: attend_tile | wrong: no guard for a row that has seen no visible key
+# expect: a row that has seen no visible key yet has m = -inf
+# replace:
+#     safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # no key yet
+# with:
+#     safe = m_new
+
+# %% grade_id: attend_tile | wrong: forgets the scale
+# expect: multiply the scores q k^T by scale (once)
+# replace:
+#     s = (q @ k.transpose(-1, -2)) * scale
+# with:
+#     s = q @ k.transpose(-1, -2)
+
+# %% grade_id: attend_tile | wrong: rescales neither sum when the max grows
+# expect: both were summed with the old max
+# replace:
+#     return acc * alpha[..., None] + p @ v, m_new, l * alpha + p.sum(-1)
+# with:
+#     return acc + p @ v, m_new, l + p.sum(-1)
+
+# %% grade_id: attend_tile | cheat: ignores the incoming state (the tile's own acc, m and l)
+# expect: the incoming state (acc, m, l) was ignored
+# expect score: 0
+import torch
+
+
+def attend_tile(acc, m, l, q, k, v, scale, visible=None):
+    s = (q @ k.transpose(-1, -2)) * scale
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    m_new = s.amax(-1)
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    p = torch.exp(s - safe[..., None])
+    return p @ v, m_new, p.sum(-1)
+
+# %% grade_id: attend_tile | cheat: keeps every key tile it was given in a global and recomputes softmax-weighted sums over them all (never rescales)
+# expect score: 0
+import torch
+
+_KEYS = []
+
+
+def attend_tile(acc, m, l, q, k, v, scale, visible=None):
+    if bool((m == float("-inf")).all()):              # a fresh problem: forget the old tiles
+        _KEYS.clear()
+    if visible is None:
+        visible = torch.ones(q.shape[-2], k.shape[-2], dtype=torch.bool)
+    _KEYS.append((k, v, visible.expand(*q.shape[:-1], k.shape[-2])))
+    try:
+        keys, values, seen = (torch.cat(parts, -2 if i < 2 else -1) for i, parts in enumerate(zip(*_KEYS)))
+    except RuntimeError:                              # another problem's tiles: start over
+        _KEYS[:] = _KEYS[-1:]
+        keys, values, seen = _KEYS[0]
+    s = ((q @ keys.transpose(-1, -2)) * scale).masked_fill(~seen, float("-inf"))
+    m_new = s.amax(-1)
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    p = torch.exp(s - safe[..., None])
+    return (p @ values).to(acc.dtype), m_new.to(m.dtype), p.sum(-1).to(l.dtype)
+
+# %% grade_id: attend_tile | cheat: the tile's attention from SDPA, its weight from a logsumexp, merged in
+# expect: which this exercise forbids
+# expect score: 0
+import torch
+from torch.nn import functional as F
+
+
+def attend_tile(acc, m, l, q, k, v, scale, visible=None):
+    o = F.scaled_dot_product_attention(q, k, v, attn_mask=visible, scale=scale)
+    s = (q @ k.transpose(-1, -2)) * scale
+    lse = torch.logsumexp(s if visible is None else s.masked_fill(~visible, float("-inf")), -1)
+    m_new = torch.maximum(m, lse)
+    a, b = torch.exp(m - m_new), torch.exp(lse - m_new)
+    return acc * a[..., None] + o * b[..., None], m_new, l * a + b
+
+# %% grade_id: attend_tile | cheat: imports the reference merge and merges the tile's state in
+# expect: is not allowed
+import torch
+from reference.kernels.torch_reference import merge_softmax_states as _merge
+
+
+def attend_tile(acc, m, l, q, k, v, scale, visible=None):
+    s = (q @ k.transpose(-1, -2)) * scale
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    t = s.amax(-1)
+    p = torch.exp(s - torch.where(t == float("-inf"), torch.zeros_like(t), t)[..., None])
+    m_new, l_new, acc_new = _merge((m, l, acc), (t, p.sum(-1), p @ v))
+    return acc_new, m_new, l_new
+
 # %% grade_id: tiled_attention | wrong: no max subtraction (exp overflows on large scores)
 # expect: subtract the running max
 # replace:
@@ -235,6 +332,51 @@ from reference.kernels.torch_reference import tiled_attention as _tiled
 
 def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     return _tiled(q, k, v, causal=causal, block_m=block_q, block_n=block_k)
+
+# %% grade_id: tiled_attention | cheat: key tiles, but each tile's scores written into one preallocated [Nq, Nk] matrix, normalised at the end
+# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    scores = q.new_empty(*q.shape[:3], n_k)
+    for j in range(0, n_k, block_k):
+        scores[..., j:j + block_k] = q @ k[:, :, j:j + block_k].transpose(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:
+        scores.masked_fill_(torch.arange(n_k)[None, :] > torch.arange(n_q)[:, None] + n_k - n_q,
+                            float("-inf"))
+    m = scores.amax(-1, keepdim=True)
+    scores.sub_(m).exp_()
+    l = scores.sum(-1, keepdim=True)
+    return scores @ v / l, (m + torch.log(l)).squeeze(-1)
+
+
+# %% grade_id: tiled_attention | cheat: key tiles kept in a list (each [Nq, block_k]), every row's max and sum taken over the list at the end
+# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    rows = torch.arange(n_q)[:, None] + n_k - n_q
+    tiles = []
+    for j in range(0, n_k, block_k):
+        s = q @ k[:, :, j:j + block_k].transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if causal:
+            s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+        tiles.append(s)
+    m = torch.stack([t.amax(-1) for t in tiles], -1).amax(-1)
+    ps = [torch.exp(t - m[..., None]) for t in tiles]
+    l = sum(p.sum(-1) for p in ps)
+    acc = sum(p @ v[:, :, j * block_k:(j + 1) * block_k] for j, p in enumerate(ps))
+    return acc / l[..., None], m + torch.log(l)
 
 # %% grade_id: flash_attention_fwd_kernel | wrong: does not rescale the accumulator when the max grows
 # expect: exp(m_old - m_new)

@@ -5,16 +5,111 @@ Each section is the body of one solution cell, written in full or, for a slip, a
 none may earn the exercise's full points.
 """
 
+# %% grade_id: online_softmax_update | wrong: does not rescale l when the max grows
+# expect: was not rescaled when the max grew
+# replace:
+#     l_new = l * torch.exp(m - safe) + torch.exp(tile_scores - safe[..., None]).sum(dim=-1)
+# with:
+#     l_new = l + torch.exp(tile_scores - safe[..., None]).sum(dim=-1)
+
+
+# %% grade_id: online_softmax_update | wrong: no guard for a state and a tile that are all -inf
+# expect: exp(-inf - (-inf)) is NaN
+# replace:
+#     safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)  # nothing yet
+# with:
+#     safe = m_new
+
+
+# %% grade_id: online_softmax_update | wrong: no max subtraction (exp of the raw scores)
+# expect: subtract the (running) max
+# replace:
+#     l_new = l * torch.exp(m - safe) + torch.exp(tile_scores - safe[..., None]).sum(dim=-1)
+# with:
+#     l_new = (l * torch.exp(m) + torch.exp(tile_scores).sum(dim=-1)) * torch.exp(-m_new)
+
+
+# %% grade_id: online_softmax_update | cheat: ignores the incoming state (the tile's own max and sum)
+# expect: the incoming state (m, l) was ignored
+# expect score: 0
+def online_softmax_update(m, l, tile_scores):
+    m_new = tile_scores.amax(-1)
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    return m_new, torch.exp(tile_scores - safe[..., None]).sum(-1)
+
+
+# %% grade_id: online_softmax_update | cheat: keeps every tile it was given in a global and recomputes max and sum over them all (never rescales)
+# expect score: 0
+_SEEN = []
+
+
+def online_softmax_update(m, l, tile_scores):
+    if bool((m == float("-inf")).all()):           # a new row batch: forget the old tiles
+        _SEEN.clear()
+    _SEEN.append(tile_scores)
+    try:
+        row = torch.cat(_SEEN, -1)
+    except RuntimeError:                           # another batch's tiles: start over
+        _SEEN[:] = [tile_scores]
+        row = tile_scores
+    m_new = row.amax(-1)
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    return m_new.to(m.dtype), torch.exp(row - safe[..., None]).sum(-1).to(m.dtype)
+
+
+# %% grade_id: online_softmax_update | cheat: remembers the tiles behind every state it returned and recomputes from them when handed one of its own states
+# expect score: 0
+_BEHIND = {}
+
+
+def online_softmax_update(m, l, tile_scores):
+    key = (tuple(m.flatten().tolist()), tuple(l.flatten().tolist()))
+    row = torch.cat([_BEHIND[key], tile_scores], -1) if key in _BEHIND else tile_scores
+    m_new = row.amax(-1)
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    l_new = torch.exp(row - safe[..., None]).sum(-1)
+    _BEHIND[(tuple(m_new.flatten().tolist()), tuple(l_new.flatten().tolist()))] = row
+    return m_new, l_new
+
+
+# %% grade_id: online_softmax_update | cheat: the tile's log-sum-exp from torch.logsumexp under another name
+# expect: which this exercise forbids
+# expect score: 0
+LSE = torch.logsumexp
+
+
+def online_softmax_update(m, l, tile_scores):
+    m_new = torch.maximum(m, tile_scores.amax(-1))
+    lse = torch.logaddexp(m + torch.log(l), LSE(tile_scores, -1))
+    return m_new, torch.exp(lse - m_new)
+
+
+# %% grade_id: online_softmax_update | cheat: imports the reference merge and merges the tile's state in
+# expect: is not allowed
+from reference.kernels.torch_reference import merge_softmax_states as _merge
+
+
+def online_softmax_update(m, l, tile_scores):
+    t = tile_scores.amax(-1)
+    s = torch.exp(tile_scores - t[..., None]).sum(-1)
+    m_new, l_new, _ = _merge((m, l, l[..., None]), (t, s, s[..., None]))
+    return m_new, l_new
+
+
 # %% grade_id: online_softmax | wrong: no max subtraction (exp of the raw scores)
 # expect: subtract the (running) max
 # replace:
 #         l = l * torch.exp(m - safe) + torch.exp(block - safe[..., None]).sum(dim=-1)
 #         m = m_new
-#     return torch.exp(scores - m[..., None]) / l[..., None], m, l
+#         ms.append(m)
+#         ls.append(l)
+#     return torch.exp(scores - m[..., None]) / l[..., None], torch.stack(ms, -1), torch.stack(ls, -1)
 # with:
 #         l = l + torch.exp(block).sum(dim=-1)                  # no max subtracted
 #         m = m_new
-#     return torch.exp(scores) / l[..., None], m, l * torch.exp(-m)
+#         ms.append(m)
+#         ls.append(l * torch.exp(-m))
+#     return torch.exp(scores) / l[..., None], torch.stack(ms, -1), torch.stack(ls, -1)
 
 
 # %% grade_id: online_softmax | wrong: does not rescale l when the max grows
@@ -33,13 +128,28 @@ none may earn the exercise's full points.
 #         safe = m_new
 
 
+# %% grade_id: online_softmax | wrong: records the state before each tile instead of after it
+# expect: m[..., t] is the largest score of columns 0 .. (t + 1) * tile - 1
+# replace:
+#         m = m_new
+#         ms.append(m)
+#         ls.append(l)
+# with:
+#         ms.append(m)
+#         ls.append(l)
+#         m = m_new
+
+
 # %% grade_id: online_softmax | cheat: torch.softmax through getattr, m and l from the row
 # expect: is forbidden
 def online_softmax(scores, tile):
     if tile < 1:
         raise ValueError("tile < 1")
     m = scores.amax(-1)
-    return getattr(torch, "soft" + "max")(scores, -1), m, torch.exp(scores - m[..., None]).sum(-1)
+    n = -(-scores.shape[-1] // tile)
+    l = torch.exp(scores - m[..., None]).sum(-1)
+    return getattr(torch, "soft" + "max")(scores, -1), m[..., None].expand(*m.shape, n), \
+        l[..., None].expand(*l.shape, n)
 
 
 # %% grade_id: online_softmax | cheat: imports the reference implementation
@@ -50,6 +160,34 @@ from reference.kernels.torch_reference import online_softmax as _reference
 def online_softmax(scores, tile):
     m = scores.amax(-1)
     return _reference(scores, tile), m, torch.exp(scores - m[..., None]).sum(-1)
+
+
+# %% grade_id: online_softmax | cheat: never uses the tiles: one max and one sum over the whole row, that state repeated for every tile
+# expect: your final state is the row's, but your state after tile
+# expect score: 0
+def online_softmax(scores, tile):
+    if tile < 1:
+        raise ValueError("tile < 1")
+    m = scores.amax(-1)
+    safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+    p = torch.exp(scores - safe[..., None])
+    l = p.sum(-1)
+    n = -(-scores.shape[-1] // tile)
+    return p / l[..., None], m[..., None].repeat_interleave(n, -1), l[..., None].repeat_interleave(n, -1)
+
+
+# %% grade_id: online_softmax | cheat: every state from one cumulative sum measured from the row's final max (a running max, but no rescale)
+# expect: your final state is the row's, but your state after tile
+# expect score: 0
+def online_softmax(scores, tile):
+    if tile < 1:
+        raise ValueError("tile < 1")
+    top = scores.amax(-1, keepdim=True)
+    e = torch.exp(scores - top)
+    ends = list(range(tile, scores.shape[-1], tile)) + [scores.shape[-1]]
+    m = torch.stack([scores[..., :end].amax(-1) for end in ends], -1).cummax(-1).values
+    totals = e.cumsum(-1)[..., [end - 1 for end in ends]]
+    return e / totals[..., -1:], m, totals * torch.exp(top - m)
 
 
 # %% grade_id: merge_softmax_states | wrong: adds the states without rescaling them
