@@ -299,6 +299,7 @@ def _check_tiled(learner, q, k, v, block_q, block_k, causal, what):
     call = (f"tiled_attention(q {list(q.shape)}, k/v {list(k.shape)}, block_q={block_q}, "
             f"block_k={block_k}, causal={causal}) {what}")
     result = learner.call("tiled_attention", q, k, v, block_q, block_k, causal=causal)
+    _require_tile_sized_peak(learner, q, n_k, block_q, block_k, call)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AssertionError(f"{call} returned {type(result).__name__}; return the pair (out, lse)")
     out, lse = result
@@ -315,6 +316,24 @@ def _check_tiled(learner, q, k, v, block_q, block_k, causal, what):
     assert_close(lse, expected_lse.to(q.dtype), name=f"lse of {call}", rtol=2e-4, atol=2e-5,
                  hint="lse = m + log(l) with the final running max m and sum l of each row, in "
                       "the same units as the scores (after the 1/sqrt(D) scale)")
+
+
+def _require_tile_sized_peak(learner, q, n_k, block_q, block_k, call):
+    """Bounded memory on every size, not only on the large case a cell could recognise: the
+    largest tensor the call's operations allocated (recorded by the sandbox's operation limit,
+    ``learner.largest_allocation``) must not be a whole [Nq, Nk] score matrix where that is
+    larger than what tiling needs (a tile of scores, the output, lse; in float64, twice over)."""
+    batch, heads, n_q, dim = q.shape
+    peak = getattr(learner, "largest_allocation", 0)
+    needed = 16 * batch * heads * max(n_q * dim, block_q * block_k, block_q * dim, n_q)
+    whole = 4 * batch * heads * n_q * n_k
+    if peak >= whole > needed:
+        raise PrerequisiteFailed(
+            f"{call} allocated a tensor of {peak} bytes, the size of the whole [Nq, Nk] score "
+            f"matrix ({whole} bytes in float32), where one [block_q, block_k] tile of scores, "
+            f"the running state and the output need at most {needed}: work tile by tile on "
+            "every input, small ones too",
+            rule="the whole score matrix is not allowed; work tile by tile")
 
 
 def _tiled_case(gen, causal, magnitude=1.0):
@@ -393,6 +412,9 @@ def test_tiled_attention_matches_attention(learner, seed):
         _check_tiled(learner, *_tiled_case(gen, causal=False), causal=False, what="")
     q, k, v, _, _ = _tiled_case(gen, causal=False)
     _check_tiled(learner, q, k, v, q.shape[2] + 5, 1, causal=False, what="(one query tile, 1-key tiles)")
+    q, k, v = (torch.randn(1, 1, n, 8, generator=gen, dtype=torch.float64).float()
+               for n in (randint(gen, 40, 56), 64, 64))
+    _check_tiled(learner, q, k, v, 8, 8, causal=False, what="(many short keys)")
 
 
 @exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,

@@ -378,6 +378,34 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     acc = sum(p @ v[:, :, j * block_k:(j + 1) * block_k] for j, p in enumerate(ps))
     return acc / l[..., None], m + torch.log(l)
 
+# %% grade_id: tiled_attention | cheat: the whole score matrix wherever it fits, tiles only where the memory limit would see it
+# expect: the size of the whole [Nq, Nk] score matrix
+# expect score: 0
+def tiled_attention(q, k, v, block_q, block_k, causal=False):
+    batch, heads, n_q, dim = q.shape
+    n_k = k.shape[2]
+    if n_q * n_k * q.element_size() > 2**28:      # the case the limit is for: tile honestly
+        out, lse = torch.empty_like(q), q.new_empty(batch, heads, n_q)
+        for i in range(0, n_q, block_q):
+            q_tile = q[:, :, i:i + block_q] / math.sqrt(dim)
+            m = q.new_full(q_tile.shape[:3], float("-inf"))
+            l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+            for j in range(0, n_k, block_k):
+                s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+                m_new = torch.maximum(m, s.amax(-1))
+                alpha, p = torch.exp(m - m_new), torch.exp(s - m_new[..., None])
+                l, acc, m = l * alpha + p.sum(-1), acc * alpha[..., None] + p @ v[:, :, j:j + block_k], m_new
+            out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+        return out, lse
+    s = q @ k.transpose(-1, -2) / math.sqrt(dim)
+    if causal:
+        s = s.masked_fill(torch.ones(n_q, n_k, dtype=torch.bool).triu(n_k - n_q + 1), float("-inf"))
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp(s - m)
+    l = p.sum(-1, keepdim=True)
+    return p @ v / l, (m + torch.log(l))[..., 0]
+
+
 # %% grade_id: flash_attention_fwd_kernel | wrong: does not rescale the accumulator when the max grows
 # expect: exp(m_old - m_new)
 # replace:
