@@ -291,15 +291,23 @@ def test_int8_quantize_kv_round_trip_within_half_a_step(learner, seed, which):
                f"{'values' if which == 'keys' else 'keys'}" if along_other else
                ": a scale per element stores as many floats as the input, which is no "
                "compression at all"))
-    peak = codes.int().abs().amax(dim=shared)
-    if (peak != 127).any():
+    right = x.double().abs().amax(dim=shared, keepdim=True).expand_as(x) / 127
+    ratio = full / right
+    if (ratio < 1 - 1e-5).any():
         raise AssertionError(
-            f"{which}: some {AXIS[other]}s never reach code ±127 (their largest |code| is "
-            f"{int(peak.min())}): each {AXIS[other]}'s scale is max|x| / 127 over its own "
-            f"{AXIS[shared]}s, so its largest element maps to ±127. "
-            + ("One scale for the whole tensor wastes the codes of every channel but the "
-               "outlier's" if not (full != full.reshape(-1)[0]).any() else
-               "A larger scale wastes codes; divide by 127"))
+            f"{which}: {prefix}_scale is smaller than max|x| / 127 over each {AXIS[other]}'s "
+            f"{AXIS[shared]}s (down to {float(ratio.min()):.4g}× that), so the largest element "
+            "needs a code beyond ±127: divide max|x| by 127, not 128")
+    if (ratio > 1 + 1e-5).any():
+        per_tensor = not (full != full.reshape(-1)[0]).any()
+        raise AssertionError(
+            f"{which}: {prefix}_scale is larger than max|x| / 127 over each {AXIS[other]}'s own "
+            f"{AXIS[shared]}s (up to {float(ratio.max()):.3g}× that), so those {AXIS[other]}s "
+            "never use the codes up to ±127. "
+            + (f"One scale for the whole tensor wastes the codes of every {AXIS[other]} but the "
+               "one holding the largest value" if per_tensor else
+               f"Take the max of |x| along the {AXIS[shared]} axis (dim={shared}, keepdim=True) "
+               "and divide by 127"))
     error = (back - x.double()).abs()
     bound = full / 2 * (1 + 1e-5) + 1e-7
     if (error > bound).any():

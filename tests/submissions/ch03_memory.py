@@ -205,7 +205,7 @@ def int8_quantize_kv(k, v):
 
 
 # %% grade_id: int8_quantize_kv | cheat: one scale for the whole tensor, shaped like KIVI's
-# expect: One scale for the whole tensor
+# expect: One scale for the whole tensor wastes the codes
 # expect score: 0
 def int8_quantize_kv(k, v):
     B, H, T, D = k.shape
