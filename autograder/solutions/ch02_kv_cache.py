@@ -12,7 +12,9 @@ class KVCache:
     """Preallocated per-layer key/value storage for incremental decoding.
 
     k, v: the buffers, each [n_layers, batch, n_kv_heads, max_len, head_dim], allocated once
-        by __init__ and written in place by append (they never grow).
+        by __init__ and written in place by append (they never grow nor get replaced).
+        The data lives there and nowhere else: append writes into self.k and self.v, read
+        returns views of them (the grader swaps in buffers of its own and checks both).
     length: int, positions held by the most recently written layer (a property below; a
         plain attribute kept up to date works too).
     """

@@ -247,6 +247,13 @@ def _check_generate_tokens(learner, seed, prompt, n_new, got=None):
         got = got.flatten().tolist()
     if not isinstance(got, (list, tuple)):
         raise AssertionError(f"naive_generate must return a list of ints, got {type(got).__name__}")
+    if len(got) == n_new > 1 and list(got) != expected and got[0] == expected[0] \
+            and all(t == got[0] for t in got):
+        raise AssertionError(
+            f"naive_generate(model, {prompt}, {n_new}) returned {list(got)}: the first token "
+            f"right, then the same token {n_new - 1} more times. Each new token must be appended "
+            "to the sequence (seq.append(token)) so that the next forward sees it; fed the same "
+            "ids, a greedy model gives the same token at every step")
     assert_equal_tokens(list(got), expected,
                         name=f"naive_generate(model, {prompt}, {n_new})",
                         hint="greedy: the next id is the argmax of the logits' last row, "
@@ -283,6 +290,11 @@ def test_naive_generate_reruns_the_whole_sequence(learner, seed):
     if any(shape[:1] != (1,) for shape, _ in trace if shape):
         raise AssertionError(f"the model inputs had shapes {[s for s, _ in trace]}; feed a batch "
                              "of one sequence, torch.tensor([ids]) of shape [1, T]")
+    if len(lengths) > 1 and all(n == len(prompt) for n in lengths):
+        raise AssertionError(
+            f"the model saw the same {len(prompt)} positions at every step (lengths {lengths}): "
+            "the new token is never appended to the sequence. Append it (seq.append(token)) so "
+            "that step i feeds the prompt plus the i tokens generated so far")
     if lengths[1:] and all(n == 1 for n in lengths[1:]):
         raise AssertionError(
             "after the first step only the newest token was fed to the model. Without a cache "

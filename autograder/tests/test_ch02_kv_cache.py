@@ -10,17 +10,23 @@ import torch
 from torch.nn import functional as F
 
 from autograder.boundary.causes import LearnerError
-from autograder.rules.feedback import assert_close, assert_equal, assert_equal_tokens
+from autograder.rules.feedback import (PrerequisiteFailed, assert_close, assert_equal,
+                                      assert_equal_tokens)
 from autograder.rules.inputs import generator, qkv, randint
 from autograder.rules.plugin import exercise
-from autograder.boundary.refs import CacheRef, ModelRef
+from autograder.boundary.refs import CacheRef, Handle, ModelRef
 from reference.decoding import generate
 from reference.model import build_tiny
 
 VOCAB = 256  # the tiny model's vocabulary
+# torch's attention under the public names a cell could call. The attention modules are
+# refused by name: the quantizable MultiheadAttention of torch.ao computes attention in Python
+# from operations the exercise allows (bmm, softmax), which no operation limit can tell from a
+# learner's own.
 FORBIDDEN_ATTENTION = ["torch.nn.functional.scaled_dot_product_attention",
                        "torch.nn.functional.multi_head_attention_forward",
-                       "torch.nn.attention.flex_attention.flex_attention"]
+                       "torch.nn.attention.flex_attention.flex_attention",
+                       "torch.nn.MultiheadAttention", "torch.ao.nn.quantizable.MultiheadAttention"]
 
 
 def _close(a, b, tol=1e-6) -> bool:
@@ -101,20 +107,42 @@ def _compare_kv(got, expected, what: str, layer: int) -> None:
 
 def _length(learner, cache) -> int:
     value = learner.getattr(cache, "length")
-    if callable(value) or not isinstance(value, int) or isinstance(value, bool):
-        raise AssertionError(f"`length` should be an int (an attribute or a property), got {value!r}")
+    if isinstance(value, Handle) or callable(value):
+        raise AssertionError(
+            "`length` is a method here, so cache.length is the method itself, not a number. "
+            "The contract reads it without parentheses (cache.length, as the model does): put "
+            "@property on the line above `def length(self)`, or keep a plain int attribute "
+            "self.length up to date")
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise AssertionError(f"`length` should be an int (an attribute or a property), got "
+                             f"{type(value).__name__} {value!r:.60}")
     return value
 
 
-def _fill(learner, cache, model: ListCache, gen, n_layers, batch, heads, dim, steps, dtype):
-    """Append ``steps`` (a list of chunk lengths) to every layer in order, checking each return."""
+def _fill(learner, cache, model: ListCache, gen, n_layers, batch, heads, dim, steps, dtype,
+          max_len=None):
+    """Append ``steps`` (a list of chunk lengths) to every layer in order, checking each return
+    (``max_len``: the cache's capacity, named when an append that fits is refused)."""
     for t in steps:
         for layer in range(n_layers):
             k = torch.randn(batch, heads, t, dim, generator=gen, dtype=torch.float64).to(dtype)
             v = torch.randn(batch, heads, t, dim, generator=gen, dtype=torch.float64).to(dtype)
             what = f"append({layer}, k, v) with {t} new token(s)"
-            _compare_kv(learner.method(cache, "append", layer, k, v), model.append(layer, k, v),
-                        what, layer)
+            held = model.length(layer)
+            try:
+                got = learner.method(cache, "append", layer, k, v)
+            except LearnerError as exc:
+                if max_len is None or held + t > max_len or "ValueError" not in str(exc):
+                    raise
+                exactly = (f"a cache created with max_len={max_len} must accept exactly "
+                           f"{max_len} tokens per layer, but {what} was refused when layer "
+                           f"{layer} held {held} ({held} + {t} = {max_len}): {exc}. Refuse an "
+                           "append only when len + T > max_len (not >=)")
+                fits = (f"{what} was refused when layer {layer} held {held} tokens, although "
+                        f"{held} + {t} fits in max_len={max_len}: {exc}. Compare the layer's "
+                        "own fill level plus T with max_len")
+                raise AssertionError(exactly if held + t == max_len else fits) from None
+            _compare_kv(got, model.append(layer, k, v), what, layer)
         assert_equal(_length(learner, cache), model.length(), name="cache.length",
                      hint="after a forward (every layer appended once) length is the number of "
                           "tokens each layer holds")
@@ -162,7 +190,8 @@ def test_kvcache_refuses_to_overflow(learner, seed):
     cache = learner.new("KVCache", n_layers, batch, heads, max_len, dim)
     model = ListCache(n_layers)
     # Filling the cache exactly to max_len is allowed ...
-    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [max_len - 1, 1], torch.float32)
+    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [max_len - 1, 1], torch.float32,
+          max_len)
     # ... one more token is not, whether it comes alone or in a chunk, and a refused append
     # leaves the cache as it was.
     for t in (1, 2):
@@ -183,51 +212,166 @@ def test_kvcache_refuses_to_overflow(learner, seed):
                     f"read(0) after a refused append of {t} token(s)", 0)
 
 
-@exercise("KVCache", points=4)
-def test_kvcache_buffers_are_allocated_once(learner, seed):
-    gen = generator(seed + 3)
-    n_layers, batch, heads, dim = _dims(gen)
-    max_len = randint(gen, 10, 20)
-    full = [n_layers, batch, heads, max_len, dim]
-    cache = learner.new("KVCache", n_layers, batch, heads, max_len, dim, dtype=torch.float64)
-    buffers = {}
+BUFFER_RULE = ("a KV cache preallocates its buffers once, writes each append into them by "
+               "position and returns views of them")
+SENTINEL, MARKER = 1000.0, -1000.0   # far from any appended value (standard normal draws)
+
+
+def _buffers_at_construction(learner, cache, full: list[int]) -> None:
+    """``k`` and ``v`` of a new cache: tensors of the full shape, float64 as asked."""
     for name in ("k", "v"):
         try:
-            buffers[name] = learner.getattr(cache, name)
+            buf = learner.getattr(cache, name)
         except LearnerError:
-            raise AssertionError(
+            raise PrerequisiteFailed(
                 f"a new KVCache has no attribute `{name}`. Reserve the buffers in __init__: "
                 f"self.k and self.v of shape [n_layers, batch, n_kv_heads, max_len, head_dim] "
-                f"(here {full})") from None
-        buf = buffers[name]
+                f"(here {full})", rule=BUFFER_RULE) from None
         if not isinstance(buf, torch.Tensor) or list(buf.shape) != full:
             shape = list(buf.shape) if isinstance(buf, torch.Tensor) else type(buf).__name__
-            raise AssertionError(
+            raise PrerequisiteFailed(
                 f"right after construction `{name}` should be the whole buffer of shape {full} "
                 f"(n_layers, batch, n_kv_heads, max_len, head_dim), but it is {shape}. "
-                "Allocate it once at full size; appending writes into it")
+                "Allocate it once at full size; appending writes into it", rule=BUFFER_RULE)
         if buf.dtype != torch.float64:
             raise AssertionError(f"KVCache(..., dtype=torch.float64) allocated `{name}` as "
                                  f"{buf.dtype}; use the dtype argument")
-    model = ListCache(n_layers)
-    _fill(learner, cache, model, gen, n_layers, batch, heads, dim, [randint(gen, 2, 5), 1, 1],
-          torch.float64)
-    filled = model.length()
-    for index, name in enumerate(("k", "v")):
-        buf = learner.getattr(cache, name)
-        if not isinstance(buf, torch.Tensor) or list(buf.shape) != full:
+
+
+def _grader_buffer(gen, expected: torch.Tensor, filled: list[int]) -> torch.Tensor:
+    """A buffer of the grader's own, to put in place of the learner's: the same shape and dtype,
+    a SENTINEL-sized value at every filled position, a MARKER-sized one at every free position,
+    stored in an unusual memory layout (max_len outermost), so that a tensor built anew by
+    torch.cat or torch.zeros is told from the one the grader installed."""
+    n_layers, batch, heads, max_len, dim = expected.shape
+    physical = torch.empty(max_len, dim, n_layers, batch, heads, dtype=torch.float64)
+    buf = physical.permute(2, 3, 4, 0, 1)
+    noise = torch.rand(expected.shape, generator=gen, dtype=torch.float64)
+    for layer in range(n_layers):
+        n = filled[layer]
+        buf[layer, :, :, :n] = SENTINEL + noise[layer, :, :, :n]
+        buf[layer, :, :, n:] = MARKER - noise[layer, :, :, n:]
+    return buf
+
+
+def _layout(t: torch.Tensor) -> list[int]:
+    return [stride for size, stride in zip(t.shape, t.stride()) if size > 1]
+
+
+def _buffers_after(learner, cache, expected: dict, installed: bool, what: str) -> dict:
+    """self.k / self.v after ``what``, refused (``PrerequisiteFailed``) when the cache put a
+    tensor of its own in their place: another shape, or, once the grader's buffers are in,
+    another memory layout or none of the grader's marks past the filled positions left."""
+    buffers = {}
+    for name in ("k", "v"):
+        buf, want = learner.getattr(cache, name), expected[name]
+        if not isinstance(buf, torch.Tensor) or list(buf.shape) != list(want.shape):
             shape = list(buf.shape) if isinstance(buf, torch.Tensor) else type(buf).__name__
-            raise AssertionError(
-                f"after {filled} appended tokens `{name}` has shape {shape} instead of {full}: the "
-                "buffer was replaced. Growing tensors with torch.cat copies the whole prefix at "
-                "every step; write the new slice into the preallocated buffer instead")
-        for layer in range(n_layers):
-            expected = model.read(layer)[index]
-            if not _close(buf[layer, :, :, :filled], expected, 0.0):
+            raise PrerequisiteFailed(
+                f"after {what} `{name}` is {shape} instead of the buffer of shape "
+                f"{list(want.shape)}: the buffer was replaced. Growing tensors with torch.cat "
+                "copies the whole prefix at every step; write the new slice into the "
+                "preallocated buffer instead", rule=BUFFER_RULE)
+        marks = want <= MARKER / 2
+        if installed and (_layout(buf) != _layout(want) or not (buf[marks] == want[marks]).any()):
+            lost = ("it is not the tensor the grader put there (its memory layout changed)"
+                    if (buf[marks] == want[marks]).any() else
+                    f"the {int(marks.sum())} values the grader had put past the filled positions "
+                    "(which an append never touches) are gone")
+            raise PrerequisiteFailed(
+                f"after {what} `{name}` is a new tensor: {lost}. The grader had put a buffer of "
+                f"its own in self.{name}; an append must write into whatever tensor self.{name} "
+                f"is, in place: self.{name}[layer, :, :, start:stop] = {name}. Re-creating the "
+                "buffer at every append (torch.zeros, torch.cat, index_copy, ...) copies the "
+                "whole cache at every step: the quadratic copying a KV cache exists to remove",
+                rule=BUFFER_RULE)
+        buffers[name] = buf
+    return buffers
+
+
+def _check_buffer_values(buffers: dict, expected: dict, filled: list[int], installed: bool,
+                         what: str, layer: int, start: int) -> None:
+    """The appended tokens are in the buffers at their positions, and nothing else changed
+    (before the grader's buffers are in: the filled part of each layer)."""
+    for name in ("k", "v"):
+        buf, want = buffers[name], expected[name]
+        new = (layer, slice(None), slice(None), slice(start, filled[layer]))
+        if not _close(buf[new], want[new], 0.0):
+            raise PrerequisiteFailed(
+                f"after {what}, `{name}[{layer}, :, :, {start}:{filled[layer]}]` does not hold "
+                f"the tokens just appended to layer {layer} (although append returned them): "
+                "the values must live in the preallocated buffer itself (append writes into "
+                "it; read returns views of it)", rule=BUFFER_RULE)
+        for other, n in enumerate(filled):
+            part = (other,) if installed else (other, slice(None), slice(None), slice(0, n))
+            if not _close(buf[part], want[part], 0.0):
                 raise AssertionError(
-                    f"`{name}[{layer}, :, :, :{filled}]` does not hold the {filled} tokens appended "
-                    f"to layer {layer}: the values must live in the preallocated buffer itself "
-                    "(append writes into it; read returns views of it)")
+                    f"after {what}, `{name}[{other}]` changed outside the positions appended "
+                    f"(layer {layer}, positions {start}..{filled[layer] - 1}). An append writes "
+                    "its T tokens at positions len..len+T-1 of its own layer and nothing else")
+
+
+@exercise("KVCache", points=4)
+def test_kvcache_appends_write_into_the_buffers(learner, seed):
+    """The prerequisite (``PrerequisiteFailed``): the data lives in self.k / self.v. Appends of
+    random lengths go to random layers; after each one the buffers are read back. Twice the
+    grader puts buffers of its own in place of the learner's (``__setattr__``): ``read`` must
+    then return the grader's values (a cache whose data lives in lists, with buffers as a
+    written-only mirror, does not), and later appends must land in the grader's tensors,
+    leaving the values it put past the filled positions where they are (a buffer re-created at
+    each append, by torch.zeros or torch.cat, loses them)."""
+    gen = generator(seed + 3)
+    n_layers, batch, heads, dim = _dims(gen)
+    max_len = randint(gen, 20, 28)
+    full = [n_layers, batch, heads, max_len, dim]
+    cache = learner.new("KVCache", n_layers, batch, heads, max_len, dim, dtype=torch.float64)
+    _buffers_at_construction(learner, cache, full)
+    expected = {name: torch.zeros(full, dtype=torch.float64) for name in ("k", "v")}
+    filled, installed = [0] * n_layers, False
+    n_appends = randint(gen, 8, 12)
+    swaps = {randint(gen, 1, 3), randint(gen, 5, n_appends - 2)}
+    for step in range(n_appends):
+        if step in swaps:
+            for name in ("k", "v"):
+                expected[name] = _grader_buffer(gen, expected[name], filled)
+                try:
+                    learner.method(cache, "__setattr__", name, expected[name])
+                except LearnerError as exc:
+                    raise PrerequisiteFailed(
+                        f"the grader could not put a buffer of its own in place of `{name}` "
+                        f"({exc}). Keep k and v as plain tensor attributes, allocated once in "
+                        "__init__ and written in place by append", rule=BUFFER_RULE) from None
+            installed = True
+            for layer in (layer for layer in range(n_layers) if filled[layer]):
+                want = tuple(expected[name][layer, :, :, :filled[layer]] for name in ("k", "v"))
+                got = _pair(learner.method(cache, "read", layer), f"read({layer})")
+                if not any((g.abs() >= SENTINEL / 2).any() for g in got):
+                    raise PrerequisiteFailed(
+                        f"the grader replaced cache.k and cache.v by tensors of its own (same "
+                        f"shape, other values), and read({layer}) still returned the values "
+                        "appended before: the data does not live in the buffers. read must "
+                        "return views of self.k and self.v (self.k[layer, :, :, :filled]), and "
+                        "append must write into them; lists or copies kept aside make the "
+                        "buffers a mirror nobody reads", rule=BUFFER_RULE)
+                _compare_kv(got, want, f"read({layer}) after the buffers were replaced", layer)
+        free = [layer for layer in range(n_layers) if filled[layer] < max_len - 2]
+        if not free:
+            break
+        layer = free[randint(gen, 0, len(free) - 1)]
+        t = randint(gen, 1, min(3, max_len - 2 - filled[layer]))
+        k, v = (torch.randn(batch, heads, t, dim, generator=gen, dtype=torch.float64)
+                for _ in range(2))
+        start, filled[layer] = filled[layer], filled[layer] + t
+        what = f"append({layer}, k, v) with {t} new token(s) (layer {layer} held {start})"
+        got = learner.method(cache, "append", layer, k, v)
+        expected["k"][layer, :, :, start:filled[layer]] = k
+        expected["v"][layer, :, :, start:filled[layer]] = v
+        buffers = _buffers_after(learner, cache, expected, installed, what)
+        _compare_kv(got, tuple(expected[name][layer, :, :, :filled[layer]] for name in ("k", "v")),
+                    what, layer)
+        _check_buffer_values(buffers, expected, filled, installed, what, layer, start)
+        assert_equal(_length(learner, cache), filled[layer], name=f"cache.length after {what}",
+                     hint="length is the number of tokens held by the layer written last")
 
 
 # ---------------------------------------------------------------------- decode_attention
@@ -316,6 +460,14 @@ def _check_trace(learner, prompt, n_new) -> None:
         raise AssertionError(
             f"some forward passes were made without the cache {calls}. Pass cache=cache to "
             "every model call: the prefill fills it and each decode step appends to it")
+    if any(shape[-1] > len(prompt) for shape, _ in trace if shape):
+        raise PrerequisiteFailed(
+            f"a forward of {max(shape[-1] for shape, _ in trace if shape)} positions re-ran the "
+            f"prompt and the tokens generated after it {calls}: that is the naive loop of "
+            "chapter 1, whatever cache the forwards went into (a fresh one at every step, or "
+            "this one emptied). The cache already holds every earlier position: after ONE "
+            "prefill of the prompt, feed only the newest token, shape [1, 1], with cache=cache",
+            rule="a cached loop feeds the prompt once, then only the newest token per forward")
     if trace and trace[0][0] == (1, 1) and len(prompt) > 1:
         raise AssertionError(
             f"the prompt was fed one token at a time {calls}. The prefill processes all "

@@ -6,6 +6,7 @@ Wrong answers are compared with what the usual slips produce, to name the slip.
 """
 from __future__ import annotations
 
+import pytest
 import torch
 
 from autograder.boundary.causes import LearnerError
@@ -218,8 +219,15 @@ def _kv(gen, shape):
     return k, torch.randn(shape, generator=gen, dtype=torch.float64).float()
 
 
+# KIVI's axes: keys share a scale along the tokens (one per channel), values along the channels
+# (one per token). name -> (index in the result, the axis a scale is shared along, the other).
+KIVI = {"keys": (0, 2, 3), "values": (2, 3, 2)}
+AXIS = {2: "token", 3: "channel"}
+
+
 @exercise("int8_quantize_kv", points=3)
-def test_int8_quantize_kv_layout_and_scales(learner, seed):
+@pytest.mark.parametrize("which", ["keys", "values"])
+def test_int8_quantize_kv_layout_and_scales(learner, seed, which):
     gen = generator(seed)
     shape = (randint(gen, 1, 2), randint(gen, 1, 3), randint(gen, 5, 20), randint(gen, 2, 8) * 4)
     k, v = _kv(gen, shape)
@@ -229,7 +237,9 @@ def test_int8_quantize_kv_layout_and_scales(learner, seed):
                              "(k_codes, k_scale, v_codes, v_scale)")
     expected = int8_quantize_kv(k, v)
     B, H, T, D = shape
-    for name, g, e in zip(("k_codes", "k_scale", "v_codes", "v_scale"), got, expected):
+    first = KIVI[which][0]
+    names = ("k_codes", "k_scale", "v_codes", "v_scale")[first:first + 2]
+    for name, g, e in zip(names, got[first:first + 2], expected[first:first + 2]):
         if name == "k_scale" and isinstance(g, torch.Tensor) and list(g.shape) == [B, H, T, 1]:
             raise AssertionError("k_scale has one scale per token: keys are quantized per CHANNEL "
                                  f"(max over the T tokens, keepdim): shape [B, H, 1, D] = {[B, H, 1, D]}")
@@ -249,26 +259,63 @@ def test_int8_quantize_kv_layout_and_scales(learner, seed):
 
 
 @exercise("int8_quantize_kv", points=3)
-def test_int8_quantize_kv_round_trip_within_half_a_step(learner, seed):
+@pytest.mark.parametrize("which", ["keys", "values"])
+def test_int8_quantize_kv_round_trip_within_half_a_step(learner, seed, which):
+    """codes * scale within scale / 2 of the input, with KIVI's scales: one per channel for the
+    keys, one per token for the values, each max|x| / 127 over its slice (so a scale per element,
+    per tensor or along the other axis gets nothing here, however close its round trip)."""
     gen = generator(seed + 1)
     k, v = _kv(gen, (1, 2, randint(gen, 8, 24), 32))
     got = learner.call("int8_quantize_kv", k, v)
     if not isinstance(got, (tuple, list)) or len(got) != 4 or not all(isinstance(t, torch.Tensor) for t in got):
         raise AssertionError("int8_quantize_kv must return four tensors (k_codes, k_scale, v_codes, v_scale)")
-    for name, x, codes, scale in (("keys", k, got[0], got[1]), ("values", v, got[2], got[3])):
-        if codes.dtype != torch.int8 or (codes.int().abs() > 127).any():
-            raise AssertionError(f"{name}: codes must be int8 in -127..127")
-        try:
-            back = codes.double() * scale.double()
-        except RuntimeError as exc:
-            raise AssertionError(f"{name}: codes * scale does not broadcast ({exc})") from None
-        error = (back - x.double()).abs()
-        bound = scale.double().expand_as(error) / 2 * (1 + 1e-5) + 1e-7
-        if back.shape != x.shape or (error > bound).any():
-            worst = float((error / bound).max()) if back.shape == x.shape else float("nan")
-            raise AssertionError(
-                f"{name}: codes * scale is further than scale / 2 from the input (worst: {worst:.2f}× the "
-                "bound). Round to the nearest code (torch.round), do not truncate with .to(torch.int8).")
+    index, shared, other = KIVI[which]
+    x, codes, scale = (k, v)[index // 2], got[index], got[index + 1]
+    prefix = which[0]
+    if codes.dtype != torch.int8 or (codes.int().abs() > 127).any():
+        raise AssertionError(f"{which}: codes must be int8 in -127..127")
+    try:
+        full = scale.double().expand_as(x)
+        back = codes.double() * full
+    except RuntimeError as exc:
+        raise AssertionError(f"{which}: {prefix}_scale of shape {list(scale.shape)} does not "
+                             f"broadcast against the codes {list(x.shape)} ({exc})") from None
+    unit = f"one scale per {AXIS[other]}, shared by all the {AXIS[shared]}s of that {AXIS[other]}"
+    varies = (full.amax(dim=shared) != full.amin(dim=shared)).any()
+    if varies:
+        along_other = not (full.amax(dim=other) != full.amin(dim=other)).any()
+        raise AssertionError(
+            f"{which} are quantized per {AXIS[other].upper()} in KIVI ({unit}, shape "
+            f"{list(x.shape[:shared]) + [1] + list(x.shape[shared + 1:])}), but {prefix}_scale "
+            f"changes along the {AXIS[shared]} axis"
+            + (f": that is one scale per {AXIS[shared]}, the layout of the "
+               f"{'values' if which == 'keys' else 'keys'}" if along_other else
+               ": a scale per element stores as many floats as the input, which is no "
+               "compression at all"))
+    right = x.double().abs().amax(dim=shared, keepdim=True).expand_as(x) / 127
+    ratio = full / right
+    if (ratio < 1 - 1e-5).any():
+        raise AssertionError(
+            f"{which}: {prefix}_scale is smaller than max|x| / 127 over each {AXIS[other]}'s "
+            f"{AXIS[shared]}s (down to {float(ratio.min()):.4g}× that), so the largest element "
+            "needs a code beyond ±127: divide max|x| by 127, not 128")
+    if (ratio > 1 + 1e-5).any():
+        per_tensor = not (full != full.reshape(-1)[0]).any()
+        raise AssertionError(
+            f"{which}: {prefix}_scale is larger than max|x| / 127 over each {AXIS[other]}'s own "
+            f"{AXIS[shared]}s (up to {float(ratio.max()):.3g}× that), so those {AXIS[other]}s "
+            "never use the codes up to ±127. "
+            + (f"One scale for the whole tensor wastes the codes of every {AXIS[other]} but the "
+               "one holding the largest value" if per_tensor else
+               f"Take the max of |x| along the {AXIS[shared]} axis (dim={shared}, keepdim=True) "
+               "and divide by 127"))
+    error = (back - x.double()).abs()
+    bound = full / 2 * (1 + 1e-5) + 1e-7
+    if (error > bound).any():
+        raise AssertionError(
+            f"{which}: codes * scale is further than scale / 2 from the input (worst: "
+            f"{float((error / bound).max()):.2f}× the bound). Round to the nearest code "
+            "(torch.round), do not truncate with .to(torch.int8).")
 
 
 # --------------------------------------------------------------------- absorb_mla_weights

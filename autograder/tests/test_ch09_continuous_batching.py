@@ -7,6 +7,7 @@ Wrong answers are compared with what the usual slips produce, to name the slip.
 from __future__ import annotations
 
 import math
+import statistics
 
 import pytest
 import torch
@@ -22,12 +23,24 @@ PREFILL_SAMPLES = ("the step that admits a request runs its prefill, and the pre
 DECODES_FIRST = ("decodes first: every running request that has finished its prompt gets its 1 "
                  "token before any prefill chunk, or one long prompt starves every decode")
 MAX_SEQS = "admit a waiting request only while fewer than max_num_seqs requests would be running"
+MAX_SEQS_PLUS_ONE = ("one request too many was admitted: after admitting, at most max_num_seqs "
+                     "requests are running (admit while len(running) + admitted < max_num_seqs, "
+                     "i.e. max_num_seqs - len(running) waiting requests at most)")
+MAX_SEQS_MINUS_ONE = ("one request too few was admitted: max_num_seqs requests may run at once, "
+                      "so max_num_seqs - len(running) waiting requests can be admitted")
 STATIC = ("that is static batching: continuous batching admits waiting requests into every slot "
           "freed this step, while the other requests keep generating, not only when the whole "
           "batch has finished")
 IGNORES_ARRIVALS = ("a request cannot be admitted before its arrival step: move requests from the "
                     "workload into the queue only once step >= their arrival (TTFT still counts "
                     "from the arrival)")
+EXCLUSIVE = ("those percentiles use the 'exclusive' method (statistics.quantiles' default: rank "
+             "(n + 1) q / 100, 1-based). The course interpolates linearly between the sorted "
+             "values at position (n - 1) q / 100, 0-based: numpy.percentile's default, "
+             "statistics.quantiles(..., method='inclusive')")
+PERCENTILES = ("only the percentiles differ: the q-th percentile interpolates linearly between the "
+               "two sorted values around position (n - 1) q / 100 (0-based), numpy.percentile's "
+               "default")
 WITHIN_BUDGET = ("never schedule more than token_budget tokens in total: the last prefill gets "
                  "only the budget left (that is the chunk)")
 
@@ -170,6 +183,9 @@ def _stat_slips(run, other, policy, max_batch):
         ordered = sorted(values)
         return ordered[max(0, math.ceil(q / 100 * len(ordered)) - 1)]
 
+    def exclusive(values, q):
+        return statistics.quantiles(values, n=100)[int(q) - 1] if len(values) > 1 else values[0]
+
     batches = {}   # static: admission step -> last token steps of the batch admitted then
     for r in requests:
         batches.setdefault(r["admitted"], []).append(r["last_token_step"])
@@ -188,6 +204,7 @@ def _stat_slips(run, other, policy, max_batch):
                         tpot=lambda r: (r["last_token_step"] + 1 - r["arrival"]) / r["output_len"]),
         "percentiles interpolate linearly between ranks (numpy.percentile's default), not nearest rank":
             _stats_from(requests, steps, held, max_batch, percentile=nearest_rank),
+        EXCLUSIVE: _stats_from(requests, steps, held, max_batch, percentile=exclusive),
         "steps in which nothing runs (before the next arrival) still count":
             _stats_from(requests, sum(any(rid is not None for rid in row) for row in run.grid), held, max_batch),
     }
@@ -242,6 +259,8 @@ def test_stats_match_the_reference_on_a_pareto_workload(learner, seed, policy, a
     if wrong:
         hint = next((advice for advice, stats in _stat_slips(run, other, policy, max_batch).items()
                      if all(same(got[k], stats[k]) for k in wrong)), None)
+        if hint is None and all(k.endswith(("_p50", "_p99")) for k in wrong):
+            hint = PERCENTILES
         raise AssertionError(f"{call}: " + "; ".join(f"{k} expected {run.stats[k]:.6g}, got {got[k]!r}"
                                                        for k in wrong) + (f"\nHint: {hint}" if hint else ""))
 
@@ -278,6 +297,10 @@ def _chunk_slips(running, waiting, budget, max_num_seqs):
     admissible = waiting[:max(0, max_num_seqs - len(running))]
     return {DECODES_FIRST: fill(prefilling + admissible, budget, decode_first=False),
             WITHIN_BUDGET: fill(prefilling + admissible, budget, whole=True),
+            MAX_SEQS_PLUS_ONE: fill(prefilling + waiting[:max(0, max_num_seqs - len(running) + 1)],
+                                    budget),
+            MAX_SEQS_MINUS_ONE: fill(prefilling + waiting[:max(0, max_num_seqs - len(running) - 1)],
+                                     budget),
             MAX_SEQS: fill(prefilling + waiting, budget),
             "first come, first served: the running request part-way through its prompt continues "
             "before any waiting request is admitted": fill(admissible + prefilling, budget),

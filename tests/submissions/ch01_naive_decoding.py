@@ -98,6 +98,16 @@ def causal_attention(q, k, v):
 #             logits = model(torch.tensor([seq if step == 0 else seq[-1:]], dtype=torch.long))
 
 
+# %% grade_id: naive_generate | wrong: never appends the new token to the sequence
+# expect: Each new token must be appended
+# expect: the new token is never appended to the sequence
+# replace:
+#             generated.append(token)
+#             seq.append(token)
+# with:
+#             generated.append(token)
+
+
 # %% grade_id: naive_generate | wrong: returns the prompt together with the new tokens
 # expect: return only the n_new generated ids
 # replace:

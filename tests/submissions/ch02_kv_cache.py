@@ -7,6 +7,7 @@ none may earn the exercise's full points.
 
 # %% grade_id: KVCache | wrong: grows the cache with torch.cat at every append
 # expect: Reserve the buffers in __init__
+# expect score: 0
 class KVCache:
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
                  dtype=torch.float32, device="cpu"):
@@ -81,6 +82,241 @@ class KVCache:
 #         stop = min(stop, self.max_len)          # no error: the slice clips what does not fit
 #         self.k[layer, :, :, start:stop] = k[..., :stop - start, :]
 #         self.v[layer, :, :, start:stop] = v[..., :stop - start, :]
+
+
+# %% grade_id: KVCache | wrong: refuses an append that fills the cache to exactly max_len
+# expect: must accept exactly
+# replace:
+#         if stop > self.max_len:
+# with:
+#         if stop >= self.max_len:
+
+
+# %% grade_id: KVCache | wrong: length is a plain method (the @property line left out)
+# expect: `length` is a method here
+# replace:
+#     @property
+#     def length(self) -> int:
+# with:
+#     def length(self) -> int:
+
+
+# %% grade_id: KVCache | cheat: write-only mirror: buffers written, data read from lists
+# expect: the data does not live in the buffers
+# expect score: 0
+class KVCache:
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
+                 dtype=torch.float32, device="cpu"):
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len = max_len
+        self.ks = [[] for _ in range(n_layers)]
+        self.vs = [[] for _ in range(n_layers)]
+        self.last = 0
+
+    def _used(self, layer):
+        return sum(t.shape[-2] for t in self.ks[layer])
+
+    @property
+    def length(self):
+        return self._used(self.last)
+
+    def append(self, layer, k, v):
+        start = self._used(layer)
+        stop = start + k.shape[-2]
+        if stop > self.max_len:
+            raise ValueError("cache is full")
+        self.k[layer, :, :, start:stop] = k       # the mirror the grader looks at
+        self.v[layer, :, :, start:stop] = v
+        self.ks[layer].append(k.clone())
+        self.vs[layer].append(v.clone())
+        self.last = layer
+        return self.read(layer)
+
+    def read(self, layer):
+        return torch.cat(self.ks[layer], dim=-2), torch.cat(self.vs[layer], dim=-2)
+
+    def truncate(self, n):
+        for lists in (self.ks, self.vs):
+            for i, chunks in enumerate(lists):
+                lists[i] = [torch.cat(chunks, dim=-2)[..., :n, :]] if chunks else []
+
+
+# %% grade_id: KVCache | cheat: rebuilds the whole buffer from lists at every append
+# expect: values the grader had put past the filled positions
+# expect score: 0
+class KVCache:
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
+                 dtype=torch.float32, device="cpu"):
+        self.shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.dtype, self.device = dtype, device
+        self.max_len = max_len
+        self.ks = [[] for _ in range(n_layers)]
+        self.vs = [[] for _ in range(n_layers)]
+        self.filled = [0] * n_layers
+        self.last = 0
+        self._rebuild()
+
+    def _rebuild(self):
+        self.k = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        self.v = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        for layer, (ks, vs) in enumerate(zip(self.ks, self.vs)):
+            if ks:
+                n = self.filled[layer]
+                self.k[layer, :, :, :n] = torch.cat(ks, dim=-2)
+                self.v[layer, :, :, :n] = torch.cat(vs, dim=-2)
+
+    @property
+    def length(self):
+        return self.filled[self.last]
+
+    def append(self, layer, k, v):
+        if self.filled[layer] + k.shape[-2] > self.max_len:
+            raise ValueError("cache is full")
+        self.ks[layer].append(k)
+        self.vs[layer].append(v)
+        self.filled[layer] += k.shape[-2]
+        self.last = layer
+        self._rebuild()
+        return self.read(layer)
+
+    def read(self, layer):
+        n = self.filled[layer]
+        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+    def truncate(self, n):
+        for lists in (self.ks, self.vs):
+            for i, chunks in enumerate(lists):
+                lists[i] = [torch.cat(chunks, dim=-2)[..., :n, :]] if chunks else []
+        self.filled = [min(f, n) for f in self.filled]
+        self._rebuild()
+
+
+# %% grade_id: KVCache | cheat: k and v are properties that build a padded buffer from lists when looked at
+# expect: could not put a buffer of its own in place of `k`
+# expect score: 0
+class KVCache:
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
+                 dtype=torch.float32, device="cpu"):
+        self.shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.dtype, self.device, self.max_len = dtype, device, max_len
+        self.ks = [[] for _ in range(n_layers)]
+        self.vs = [[] for _ in range(n_layers)]
+        self.last = 0
+
+    def _padded(self, lists):
+        out = torch.zeros(self.shape, dtype=self.dtype, device=self.device)
+        for layer, chunks in enumerate(lists):
+            if chunks:
+                data = torch.cat(chunks, dim=-2)
+                out[layer, :, :, :data.shape[-2]] = data
+        return out
+
+    @property
+    def k(self):
+        return self._padded(self.ks)
+
+    @property
+    def v(self):
+        return self._padded(self.vs)
+
+    @property
+    def length(self):
+        return sum(t.shape[-2] for t in self.ks[self.last])
+
+    def append(self, layer, k, v):
+        if sum(t.shape[-2] for t in self.ks[layer]) + k.shape[-2] > self.max_len:
+            raise ValueError("cache is full")
+        self.ks[layer].append(k.clone())
+        self.vs[layer].append(v.clone())
+        self.last = layer
+        return self.read(layer)
+
+    def read(self, layer):
+        return torch.cat(self.ks[layer], dim=-2), torch.cat(self.vs[layer], dim=-2)
+
+    def truncate(self, n):
+        for lists in (self.ks, self.vs):
+            for i, chunks in enumerate(lists):
+                lists[i] = [torch.cat(chunks, dim=-2)[..., :n, :]] if chunks else []
+
+
+# %% grade_id: KVCache | cheat: a second private store holds the data; self.k/self.v are a written copy
+# expect: the data does not live in the buffers
+# expect score: 0
+class KVCache:
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
+                 dtype=torch.float32, device="cpu"):
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.store = {}
+        self.max_len, self.filled, self.last = max_len, [0] * n_layers, 0
+
+    @property
+    def length(self):
+        return self.filled[self.last]
+
+    def append(self, layer, k, v):
+        start = self.filled[layer]
+        stop = start + k.shape[-2]
+        if stop > self.max_len:
+            raise ValueError("cache is full")
+        self.k[layer, :, :, start:stop] = k
+        self.v[layer, :, :, start:stop] = v
+        old_k, old_v = self.store.get(layer, (k[..., :0, :], v[..., :0, :]))
+        self.store[layer] = (torch.cat([old_k[..., :start, :], k], -2),
+                             torch.cat([old_v[..., :start, :], v], -2))
+        self.filled[layer], self.last = stop, layer
+        return self.read(layer)
+
+    def read(self, layer):
+        if layer not in self.store:
+            return self.k[layer, :, :, :0], self.v[layer, :, :, :0]
+        k, v = self.store[layer]
+        n = self.filled[layer]
+        return k[..., :n, :], v[..., :n, :]
+
+    def truncate(self, n):
+        self.filled = [min(f, n) for f in self.filled]
+
+
+# %% grade_id: KVCache | cheat: rebuilds the buffer out of place (torch.cat around index_copy), every value kept
+# expect: its memory layout changed
+# expect score: 0
+class KVCache:
+    def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
+                 dtype=torch.float32, device="cpu"):
+        shape = (n_layers, batch, n_kv_heads, max_len, head_dim)
+        self.k = torch.zeros(shape, dtype=dtype, device=device)
+        self.v = torch.zeros(shape, dtype=dtype, device=device)
+        self.max_len, self.filled, self.last = max_len, [0] * n_layers, 0
+
+    @property
+    def length(self):
+        return self.filled[self.last]
+
+    def append(self, layer, k, v):
+        start = self.filled[layer]
+        stop = start + k.shape[-2]
+        if stop > self.max_len:
+            raise ValueError("cache is full")
+        index = torch.arange(start, stop, device=k.device)
+        # out-of-place: a new buffer each time, every value kept
+        self.k = torch.cat([self.k[:layer], self.k[layer].index_copy(2, index, k)[None],
+                            self.k[layer + 1:]])
+        self.v = torch.cat([self.v[:layer], self.v[layer].index_copy(2, index, v)[None],
+                            self.v[layer + 1:]])
+        self.filled[layer], self.last = stop, layer
+        return self.read(layer)
+
+    def read(self, layer):
+        n = self.filled[layer]
+        return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
+
+    def truncate(self, n):
+        self.filled = [min(f, n) for f in self.filled]
 
 
 # %% grade_id: KVCache | cheat: shows preallocated-looking buffers but keeps lists
@@ -173,6 +409,53 @@ def decode_attention(q, k, v):
     return torch.ops.aten._scaled_dot_product_attention_math(q, k, v)[0]
 
 
+# %% grade_id: decode_attention | cheat: the attention fast path of a TransformerEncoderLayer's self_attn, fed one packed input
+# expect: not among the operations this exercise allows
+# expect score: 0
+def decode_attention(q, k, v):
+    B, H, T, D = k.shape
+    E = H * D
+    dt = q.dtype
+    # fast heads 2h and 2h+1 (an even count), each 2D wide, both do head h:
+    # q * sqrt(2) | 0, k | 0, v | 0
+    x = torch.cat([k.transpose(1, 2).reshape(B, T, E), v.transpose(1, 2).reshape(B, T, E),
+                   q.transpose(1, 2).reshape(B, 1, E).expand(B, T, E),
+                   torch.zeros(B, T, E, dtype=dt)], dim=-1)            # [B, T, 4E]
+    W = torch.zeros(3, 4 * E, 4 * E, dtype=dt)
+    for h in range(H):
+        for fast in (2 * h, 2 * h + 1):
+            rows = slice(fast * 2 * D, fast * 2 * D + D)
+            W[0, rows, 2 * E + h * D:2 * E + (h + 1) * D] = torch.eye(D, dtype=dt) * 2 ** 0.5
+            W[1, rows, h * D:(h + 1) * D] = torch.eye(D, dtype=dt)
+            W[2, rows, E + h * D:E + (h + 1) * D] = torch.eye(D, dtype=dt)
+    layer = torch.nn.TransformerEncoderLayer(4 * E, 2 * H, 4 * E, batch_first=True)
+    mha = layer.self_attn.to(dt).train(False)          # no attention module named anywhere
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(W.reshape(12 * E, 4 * E))
+        mha.out_proj.weight.copy_(torch.eye(4 * E, dtype=dt))
+        mha.in_proj_bias.zero_()
+        mha.out_proj.bias.zero_()
+        out, _ = mha(x, x, x, need_weights=False)                     # [B, T, 4E]
+    heads = out[:, :1].reshape(B, 1, 2 * H, 2 * D)[:, :, 0::2, :D]   # [B, 1, H, D]
+    return heads.transpose(1, 2).contiguous()
+
+
+# %% grade_id: decode_attention | cheat: the quantizable MultiheadAttention of torch.ao (its Python attention does the work)
+# expect: `torch.ao.nn.quantizable.MultiheadAttention`
+# expect score: 0
+def decode_attention(q, k, v):
+    B, H, T, D = k.shape
+    E = H * D
+    dt = q.dtype
+    mha = torch.ao.nn.quantizable.MultiheadAttention(E, H, bias=False).to(dt).train(False)
+    with torch.no_grad():
+        for lin in (mha.linear_Q, mha.linear_K, mha.linear_V, mha.out_proj):
+            lin.weight.copy_(torch.eye(E, dtype=dt))
+        out, _ = mha(q.permute(2, 0, 1, 3).reshape(1, B, E), k.permute(2, 0, 1, 3).reshape(T, B, E),
+                     v.permute(2, 0, 1, 3).reshape(T, B, E), need_weights=False)
+    return out.reshape(1, B, H, D).permute(1, 2, 0, 3).contiguous()
+
+
 # %% grade_id: decode_attention | cheat: returns the newest value vector
 # expect: one of its inputs
 def decode_attention(q, k, v):
@@ -229,6 +512,47 @@ def cached_generate(model, prompt_ids, n_new, cache):
     model(torch.tensor([list(prompt_ids)]), cache=decoy)
     for _ in range(n_new - 1):
         model(torch.tensor([[0]]), cache=decoy)
+    return out
+
+
+# %% grade_id: cached_generate | cheat: the naive loop, each step through a fresh cache of its own
+# expect: that is the naive loop of chapter 1
+# expect score: 0
+def cached_generate(model, prompt_ids, n_new, cache):
+    seq, out = list(prompt_ids), []
+    for _ in range(n_new):
+        scratch = model.new_cache(batch=1)          # every forward "uses a cache"
+        tok = int(model(torch.tensor([seq]), cache=scratch)[0, -1].argmax())
+        out.append(tok)
+        seq.append(tok)
+    return out
+
+
+# %% grade_id: cached_generate | cheat: empties the given cache before each step and feeds the whole sequence again
+# expect: that is the naive loop of chapter 1
+# expect score: 0
+def cached_generate(model, prompt_ids, n_new, cache):
+    seq, out = list(prompt_ids), []
+    for _ in range(n_new):
+        cache.truncate(0)
+        tok = int(model(torch.tensor([seq]), cache=cache)[0, -1].argmax())
+        out.append(tok)
+        seq.append(tok)
+    return out
+
+
+# %% grade_id: cached_generate | cheat: a cached loop for the grader's eyes, tokens from a naive loop in a second cache
+# expect: that is the naive loop of chapter 1
+# expect score: 0
+def cached_generate(model, prompt_ids, n_new, cache):
+    seq, out = list(prompt_ids), []
+    for _ in range(n_new):
+        tok = int(model(torch.tensor([seq]), cache=model.new_cache(batch=1))[0, -1].argmax())
+        out.append(tok)
+        seq.append(tok)
+    model(torch.tensor([list(prompt_ids)]), cache=cache)
+    for tok in out[:-1]:
+        model(torch.tensor([[tok]]), cache=cache)
     return out
 
 

@@ -220,6 +220,38 @@ from reference.attention import grouped_query_attention as gqa_attention  # noqa
 #     v_codes = torch.round(v / v_scale).clamp(-128, 127).to(torch.int8)
 
 
+# %% grade_id: int8_quantize_kv | wrong: KIVI's axes swapped (keys per token, values per channel)
+# expect: keys are quantized per CHANNEL in KIVI
+# expect: that is one scale per channel, the layout of the keys
+# expect score: 0
+# replace:
+#     k_scale = k.abs().amax(dim=2, keepdim=True) / 127
+#     v_scale = v.abs().amax(dim=3, keepdim=True) / 127
+# with:
+#     k_scale = k.abs().amax(dim=3, keepdim=True) / 127
+#     v_scale = v.abs().amax(dim=2, keepdim=True) / 127
+
+
+# %% grade_id: int8_quantize_kv | cheat: a scale per element (every code is ±127: nothing is compressed)
+# expect: no compression at all
+# expect score: 0
+def int8_quantize_kv(k, v):
+    k_scale, v_scale = k.abs() / 127, v.abs() / 127
+    return (torch.round(k / k_scale).to(torch.int8), k_scale,
+            torch.round(v / v_scale).to(torch.int8), v_scale)
+
+
+# %% grade_id: int8_quantize_kv | cheat: one scale for the whole tensor, shaped like KIVI's
+# expect: One scale for the whole tensor wastes the codes
+# expect score: 0
+def int8_quantize_kv(k, v):
+    B, H, T, D = k.shape
+    k_scale = (k.abs().max() / 127).expand(B, H, 1, D).clone()
+    v_scale = (v.abs().max() / 127).expand(B, H, T, 1).clone()
+    return (torch.round(k / k_scale).to(torch.int8), k_scale,
+            torch.round(v / v_scale).to(torch.int8), v_scale)
+
+
 # %% grade_id: int8_quantize_kv | cheat: imports the reference quantizer
 # expect: is not allowed
 from reference.quant import int8_quantize_kv  # noqa: F401

@@ -115,6 +115,7 @@ def matmul_intensity(m, k, n, dtype):
 
 # %% grade_id: attainable_flops | wrong: Python's min, which fails on tensors
 # expect: ambiguous
+# expect: work elementwise: torch.clamp(intensity * bandwidth, max=peak_flops)
 # replace:
 #     if isinstance(intensity, torch.Tensor):
 #         return torch.clamp(intensity * bandwidth, max=peak_flops)

@@ -86,6 +86,19 @@ from reference.calculators.batching_sim import continuous_batch_step  # noqa: F4
 # with:
 #         while queue:                                            # arrivals ignored
 
+# %% grade_id: simulate_batching | wrong: percentiles by statistics.quantiles' default, the exclusive method
+# expect: the 'exclusive' method
+# replace:
+#         ordered = sorted(values)
+#         position = (len(ordered) - 1) * q / 100
+#         low = int(position)
+#         high = min(low + 1, len(ordered) - 1)
+#         return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+# with:
+#         import statistics
+#         return statistics.quantiles(values, n=100)[int(q) - 1]   # method="exclusive"
+
+
 # %% grade_id: simulate_batching | cheat: loads the reference simulators from their file and runs them
 # expect: simulate_batching
 import importlib.util
@@ -137,6 +150,14 @@ for _folder in (*map(pathlib.Path, filter(None, [__import__("os").environ.get("A
 #             counts[request["id"]] = 1
 #             left -= 1
 #     return counts
+
+
+# %% grade_id: schedule_chunked | wrong: admits one request past max_num_seqs (off by one)
+# expect: one request too many was admitted
+# replace:
+#     for request in prefilling + waiting[:max(0, max_num_seqs - len(running))]:
+# with:
+#     for request in prefilling + waiting[:max(0, max_num_seqs - len(running) + 1)]:
 
 
 # %% grade_id: schedule_chunked | cheat: imports the reference scheduler under another name
