@@ -24,6 +24,7 @@ _CREATION = """empty empty_like empty_strided zeros zeros_like ones ones_like fu
 _INDEXING = """index index_select gather scatter scatter_ scatter_add scatter_add_ index_put
     index_put_ index_add index_add_ index_copy index_copy_ index_fill_ masked_fill masked_fill_
     masked_select masked_scatter where nonzero cat stack repeat repeat_interleave flip roll
+    slice_scatter select_scatter narrow_copy
     _local_scalar_dense is_nonzero equal item"""
 _ARITHMETIC = """add add_ sub sub_ rsub mul mul_ div div_ neg neg_ exp exp_ exp2 expm1 log log_
     log2 log1p sqrt rsqrt pow pow_ abs abs_ reciprocal maximum minimum fmax fmin clamp clamp_
@@ -81,11 +82,16 @@ HINTS = {
 }
 
 
+# Exercises that forbid nothing but whose grader reads ``learner.largest_allocation`` (the
+# operations are recorded only under a limit): a KV cache's append writes in place.
+RECORDED = frozenset({"KVCache"})
+
+
 def allowed_operations(exercise: Any) -> frozenset[str] | None:
     """The operations the learner's code may run while ``exercise`` is graded; ``None`` (no
-    limit) for an exercise that forbids nothing and for a kernel exercise (its cell must be
-    Triton code, checked on its source by ``kernel_rules``)."""
-    if exercise is None or not getattr(exercise, "forbid", ()):
+    limit) for an exercise that forbids nothing and is not ``RECORDED``. A kernel launch is
+    never limited (its cell must be Triton code, checked on its source by ``kernel_rules``)."""
+    if exercise is None or not (getattr(exercise, "forbid", ()) or exercise.grade_id in RECORDED):
         return None
     grade_id = exercise.grade_id
     return (BASIC | EXTRA.get(grade_id, frozenset())) - WITHOUT.get(grade_id, frozenset())

@@ -364,6 +364,14 @@ def test_kvcache_appends_write_into_the_buffers(learner, seed):
         start, filled[layer] = filled[layer], filled[layer] + t
         what = f"append({layer}, k, v) with {t} new token(s) (layer {layer} held {start})"
         got = learner.method(cache, "append", layer, k, v)
+        whole = expected["k"].numel() * 4
+        if getattr(learner, "largest_allocation", 0) >= whole:
+            raise PrerequisiteFailed(
+                f"{what} allocated a tensor of {learner.largest_allocation} bytes, as large as a "
+                f"whole buffer ({whole} bytes in float32): an append copies the whole cache "
+                "(clone, torch.cat, slice_scatter...) where it should write its few tokens into "
+                "the preallocated buffer in place, self.k[layer, :, :, pos:pos + T] = k. That "
+                "copy is the quadratic cost a KV cache exists to remove", rule=BUFFER_RULE)
         expected["k"][layer, :, :, start:filled[layer]] = k
         expected["v"][layer, :, :, start:filled[layer]] = v
         buffers = _buffers_after(learner, cache, expected, installed, what)

@@ -143,8 +143,20 @@ class KVCache:
                 lists[i] = [torch.cat(chunks, dim=-2)[..., :n, :]] if chunks else []
 
 
+# %% grade_id: KVCache | wrong: clones the whole buffer before each in-place write (values and layout kept, only the copy differs)
+# expect: as large as a whole buffer
+# expect score: 0
+# replace:
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+# with:
+#         self.k, self.v = self.k.clone(), self.v.clone()
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+
+
 # %% grade_id: KVCache | cheat: rebuilds the whole buffer from lists at every append
-# expect: values the grader had put past the filled positions
+# expect: as large as a whole buffer
 # expect score: 0
 class KVCache:
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
@@ -283,7 +295,7 @@ class KVCache:
 
 
 # %% grade_id: KVCache | cheat: rebuilds the buffer out of place (torch.cat around index_copy), every value kept
-# expect: its memory layout changed
+# expect: as large as a whole buffer
 # expect score: 0
 class KVCache:
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
