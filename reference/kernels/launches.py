@@ -193,6 +193,10 @@ OPEN = {
     **{("decode split", "fp32 D=128 BLOCK_H=64", gpu): "64 query heads on one K/V head, fp32 at D = 128: "
                                                         "96 KiB on a T4, 176 KiB on an A100 (fix: BLOCK_N = 32 "
                                                         "for fp32 when BLOCK_H * D is large)" for gpu in ("T4", "A100")},
+    ("decode split", "fp32 D=128 BLOCK_H=16", "T4"): "fp32 K and V tiles of 64 keys x 128 dims ask 72 KiB "
+                                                     "of a T4's 64 KiB (fix: BLOCK_N = 32 for fp32 at D = 128)",
+    ("paged split", "fp32 D=128", "T4"): "fp32 K and V tiles at D = 128 ask 72-96 KiB of a T4's 64 KiB "
+                                         "(fix: a smaller key tile for fp32 at D = 128)",
     **{("merge", f"D={d} splits=512", "*"): "the whole [512, D] fp32 state is loaded at once and spills "
                                             "(fix: loop over the splits in chunks)" for d in (64, 128, 256)},
 }
