@@ -32,7 +32,7 @@ _ARITHMETIC = """add add_ sub sub_ rsub mul mul_ div div_ neg neg_ exp exp_ exp2
     floor_divide sign square addcmul addcdiv lerp nan_to_num isnan isinf isfinite isneginf
     isposinf eq ne lt le gt ge logical_and logical_or logical_not logical_xor bitwise_and
     bitwise_or bitwise_or_ bitwise_and_ bitwise_not bitwise_xor"""
-_REDUCTIONS = """sum mean amax amin max min argmax argmin prod any all cumsum cumsum_ sort topk
+_REDUCTIONS = """sum mean amax amin max min argmax argmin prod any all cumsum cumsum_ cummax cummin sort topk
     kthvalue count_nonzero"""
 _MATMUL = """mm bmm addmm baddbmm addbmm matmul einsum dot mv vdot outer"""
 BASIC = frozenset(f"aten.{name}" for group in (_VIEWS, _CREATION, _INDEXING, _ARITHMETIC,
