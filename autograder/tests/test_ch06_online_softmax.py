@@ -24,18 +24,13 @@ import triton
 
 from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import PrerequisiteFailed, assert_close
+from autograder.rules.forbid import SOFTMAX_FAMILY
 from autograder.rules.inputs import generator, randint
 from autograder.rules.plugin import exercise
 from reference.kernels.torch_reference import merge_softmax_states as reference_merge
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-SOFTMAX_FUNCTIONS = [  # the softmax, and every one-line normaliser that does its work
-    "torch.softmax", "torch.nn.functional.softmax", "torch.special.softmax", "torch.Tensor.softmax",
-    "torch._softmax", "torch.nn.functional.softmin",
-    "torch.log_softmax", "torch.nn.functional.log_softmax", "torch.special.log_softmax",
-    "torch.Tensor.log_softmax", "torch._log_softmax",
-    "torch.logsumexp", "torch.special.logsumexp", "torch.Tensor.logsumexp",
-    "torch.logcumsumexp", "torch.Tensor.logcumsumexp"]
+SOFTMAX_FUNCTIONS = list(SOFTMAX_FAMILY)
 NO_RESCALE = ("ℓ was not rescaled when the max grew: before adding a tile's terms, multiply the "
               "running sum by exp(m_old - m_new)")
 NO_MAX = "subtract the (running) max before exp: exp of a score above ~88 overflows float32"
