@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from torch import Tensor
 
 from autograder.boundary.causes import LearnerError, OperationRefused, describe
-from autograder.boundary.guard import ForbiddenOperationError, Guard, limits_paused, operation_limit
+from autograder.boundary.guard import Guard, limits_paused, operation_limit
 from autograder.rules.feedback import PrerequisiteFailed
 from autograder.rules.kernel_rules import cell_problem
 from autograder.rules.operations import allowed_operations, refusal_message
@@ -97,18 +97,17 @@ class LocalLearner(GraderSideTrace):
         try:
             with guard.forbidding(forbid) if guard else _nothing(), limit:
                 value = target(*args, **kwargs)
-            if limit.refused:
-                raise ForbiddenOperationError(limit.refused)
-            self.largest_allocation = limit.largest
         except Exception as exc:
-            if limit.refused:
-                raise OperationRefused(refusal_message(self.exercise.grade_id, limit.refused),
-                                       limit.refused) from None
-            raise LearnerError(describe(exc)) from exc
+            if not limit.refused:   # a refused operation is the verdict, whatever followed it
+                raise LearnerError(describe(exc)) from exc
         finally:
             if self._guard is not None:
                 self._guard.uninstall()
             self._guard = None
+        if limit.refused:
+            raise OperationRefused(refusal_message(self.exercise.grade_id, limit.refused),
+                                   limit.refused)
+        self.largest_allocation = limit.largest
         return from_wire(_copy(self._side.result(value)))
 
     def _lookup(self, name: str) -> Any:

@@ -154,7 +154,7 @@ def _limit_mode():
                     self.refused.append(name)
                 raise ForbiddenOperationError([name])
             out = func(*args, **(kwargs or {}))
-            self.largest = max(self.largest, _allocated(out, args, kwargs))
+            self.largest = max(self.largest, _allocated(out, args, kwargs, self.largest))
             return out
 
     return OperationLimit
@@ -168,10 +168,14 @@ def _storages(value: Any) -> list:
     return [value.untyped_storage()] if isinstance(value, torch.Tensor) else []
 
 
-def _allocated(out: Any, args: tuple, kwargs: dict | None) -> int:
-    """Bytes of the largest tensor in ``out`` whose storage is new (not a view of an input)."""
+def _allocated(out: Any, args: tuple, kwargs: dict | None, above: int) -> int:
+    """Bytes of the largest tensor in ``out`` whose storage is new (not a view of an input),
+    when larger than ``above`` (else 0: the inputs are looked at only for a new largest)."""
+    larger = [s for s in _storages(out) if s.nbytes() > above]
+    if not larger:
+        return 0
     inputs = {s.data_ptr() for s in _storages((args, kwargs or {})) if s.nbytes()}
-    return max((s.nbytes() for s in _storages(out) if s.data_ptr() not in inputs), default=0)
+    return max((s.nbytes() for s in larger if s.data_ptr() not in inputs), default=0)
 
 
 def operation_limit(allowed: Iterable[str] | None):

@@ -288,18 +288,11 @@ def _online_cases(gen, dtype):
 
 
 @exercise("online_softmax", points=2, forbid=SOFTMAX_FUNCTIONS)
-def test_online_softmax_states_after_every_tile(learner, seed):
-    gen = generator(seed + 2)
-    for x, tile in _online_cases(gen, torch.float32):
-        _check_online(learner, x, tile, "float32")
-    _check_bad_tile(learner, gen)
-
-
-@exercise("online_softmax", points=2, forbid=SOFTMAX_FUNCTIONS)
-def test_online_softmax_states_after_every_tile_float64(learner, seed):
-    gen = generator(seed + 3)
-    for x, tile in _online_cases(gen, torch.float64):
-        _check_online(learner, x, tile, "float64")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["float32", "float64"])
+def test_online_softmax_states_after_every_tile(learner, seed, dtype):
+    gen = generator(seed + (2 if dtype == torch.float32 else 3))
+    for x, tile in _online_cases(gen, dtype):
+        _check_online(learner, x, tile, str(dtype).removeprefix("torch."))
     _check_bad_tile(learner, gen)
 
 
