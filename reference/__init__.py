@@ -4,16 +4,11 @@ The modules at this level, `engine/` and `kernels/` are what the book teaches; `
 holds the chapters' pen-and-paper models (bytes, roofline, simulators) and `bench/` everything
 that measures (CONTRIBUTING.md has the map). The core never imports from `bench/`.
 
-Imported before torch, it asks OpenMP to let idle threads sleep rather than spin
-(OMP_WAIT_POLICY=PASSIVE unless set): decoding then degrades gently instead of collapsing when
-another process takes a core. Why, and what it costs: reference/threads.py.
+Importing it changes nothing in the process: how many threads decoding uses, and how that follows
+a load that comes and goes, is reference/threads.py.
 """
 import importlib.abc
 import sys
-
-from reference.threads import passive_wait
-
-passive_wait()
 
 # Modules that moved when reference/ was split by role: old name -> new name. Importing an old
 # name fails with a message naming the new place (a reader's notebook may still use it).

@@ -10,7 +10,11 @@ AMD EPYC for the tied head (49152 x 576, streamed from memory): 1 row 7.9 ms, 5 
 `F.linear`; 7.1 ms and 5.8 ms with the weight packed once.
 
 A single row (a batch-1 decode step) is different: BLAS runs it as a matrix-vector product that
-streams the weight as stored, with nothing to re-pack, so it keeps that path.
+streams the weight as stored, with nothing to re-pack. Which of the two streams faster depends on
+the CPU: BLAS won on an Intel Xeon at 1 thread (a whole SmolLM2 forward 47.8 ms against 61.2 ms),
+oneDNN on a 2-core AMD EPYC (a 566 MB weight at 2 threads: 20.6 GB/s with BLAS, 38.7 GB/s
+packed; a decode step 31 ms against 16-20 ms). So the one-row path is decided by measurement, once
+per process and thread count (`one_row_packed`, about 0.1 s), not by a rule.
 
 `PackedLinear` packs each weight once (the first time it is used, again whenever the weight
 changes) into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which
@@ -28,6 +32,7 @@ under `MIN_PACKED_BYTES`, which live in the CPU's caches anyway.
 from __future__ import annotations
 
 import os
+import time
 
 import torch
 from torch import Tensor, nn
@@ -40,6 +45,10 @@ _enabled = os.environ.get("REFERENCE_PACKED_LINEAR", "1") != "0"
 # to save, and a oneDNN call costs ~20 us more than a BLAS one (the tiny test model's matrices,
 # 64 KiB at most, would run several times slower). SmolLM2's smallest matrix is 1.3 MB.
 MIN_PACKED_BYTES = 1 << 20
+
+# The one-row race runs on a matrix this large (well past any CPU's last-level cache, as a model's
+# weights are), shaped like SmolLM2's MLP projections.
+RACE_SHAPE = (1536 * 8, 576 * 2)  # 56.6 MB in float32
 
 
 def available() -> bool:
@@ -84,13 +93,42 @@ def packed_weight(weight: Tensor) -> Tensor:
     return packed
 
 
+# thread count -> whether a single row is faster through the packed weight on this machine.
+_one_row_packed: dict[int, bool] = {}
+
+
+def _best_seconds(fn, repeats: int = 3) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def one_row_packed() -> bool:
+    """Whether a one-row product streams faster through oneDNN's packed weight than through BLAS's
+    matrix-vector product, at torch's current thread count: both timed once on a `RACE_SHAPE`
+    weight (best of 3), the answer kept for the rest of the process."""
+    threads = torch.get_num_threads()
+    if threads not in _one_row_packed:
+        with torch.inference_mode(False), torch.no_grad():
+            weight = torch.full(RACE_SHAPE, 0.5)
+            row = torch.full((1, RACE_SHAPE[1]), 0.5)
+            packed = torch.ops.mkldnn._reorder_linear_weight(weight)
+            blas = _best_seconds(lambda: F.linear(row, weight))
+            onednn = _best_seconds(
+                lambda: torch.ops.mkldnn._linear_pointwise(row, packed, None, "none", [], ""))
+        _one_row_packed[threads] = onednn < blas
+    return _one_row_packed[threads]
+
+
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., in] @ weight[out, in]^T -> [..., out], through the packed weight where possible.
 
-    A single row stays on `F.linear`: that is BLAS's matrix-vector product, which streams the
-    weight as stored without re-packing it, and it beat oneDNN's one-row product (a whole
-    SmolLM2 forward at 1 thread on an Intel Xeon: 47.8 ms against 61.2 ms)."""
-    if x.numel() == x.shape[-1] or not _packable(x, weight):
+    A single row takes whichever path `one_row_packed` measured faster on this machine."""
+    if not _packable(x, weight) or (x.numel() == x.shape[-1] and not one_row_packed()):
         return F.linear(x, weight)
     return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed_weight(weight), None, "none", [], "")
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from reference import threads
 from reference.device import device_of
 
 
@@ -129,6 +130,7 @@ def stream(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool
             feed = tokens                       # naive: the whole sequence, every step
         else:
             feed = tokens if step == 0 else tokens[-1:]   # prefill once, then one position
+        threads.adapt()   # a load that arrived since the last look is met within a second
         start = time.perf_counter()
         logits = model(torch.tensor([feed], device=device), cache=cache)
         stats.record(len(feed), len(tokens), time.perf_counter() - start)

@@ -1,20 +1,28 @@
-"""How many CPU threads to decode with, chosen from the cores that are actually free.
+"""How many CPU threads to decode with, chosen from the cores that are actually free, again and
+again while the work runs.
 
 Decode is a chain of small matrix-vector products, each split over torch's OpenMP threads with a
 barrier at its end. When another process holds one of the cores, the thread that shares that
 core runs only in the scheduler's time slices, and every barrier waits for it: measured on a
-2-core machine with one core taken by a busy loop, a step took 40x longer at 2 threads than at 1.
-Two remedies, both applied by `configure`:
+2-core machine with one core taken by a busy loop, a step took 40x longer at 2 threads than at 1
+under spinning waits. The remedy is to use the cores that are free, and to notice when that
+changes:
 
-- threads = the cores free right now (idle time of the CPUs this process may run on, sampled
-  from /proc/stat over a short window), so no thread queues behind another process;
-- OpenMP threads sleep instead of spinning when they wait (`OMP_WAIT_POLICY=PASSIVE`), so a load
-  that arrives later costs its share of the CPU, not a collapse. It must be in the environment
-  before torch is imported (libgomp reads it when it is loaded), and it costs about 10% of a
-  step on a quiet machine (woken threads start later); set OMP_WAIT_POLICY=ACTIVE to opt out.
+- `configure` sets threads = the cores free right now (idle time of the CPUs this process may
+  run on, sampled from /proc/stat over a short window), so no thread queues behind another
+  process from the start;
+- `adapt` re-checks while the work runs, at most once a second and without sleeping: the busy time
+  of the allowed CPUs since its last look, minus this process's own CPU time, is the load others
+  put on them. `generate` and the engine's step call it, so a load that arrives after the model is
+  loaded is met within a second.
 
-This module imports torch only inside `configure`, so entry points can call `passive_wait()`
-before anything imports torch.
+OpenMP's wait policy is left to libgomp's default (spin a while, then sleep), or to the user's
+OMP_WAIT_POLICY. An earlier version set OMP_WAIT_POLICY=PASSIVE on import, so that a late load
+would cost its share of the CPU instead of a collapse; `python -m reference.bench threads`
+measured what that costs and what re-choosing the threads gives instead (the table is in the
+README): on a quiet 2-core AMD EPYC a decode step took 26.0 ms under PASSIVE against 17.7 ms
+under the default (on a 2-core Intel Xeon: 51.7 against 26.7), and with a busy loop started
+after loading, the default with threads re-chosen by `adapt` kept 81% of its quiet speed.
 """
 from __future__ import annotations
 
@@ -92,28 +100,85 @@ def choose_threads(window_s: float = 0.25) -> int:
     return threads_for(free_cores(window_s), allowed)
 
 
-def passive_wait() -> bool:
-    """Ask OpenMP to let waiting threads sleep (OMP_WAIT_POLICY=PASSIVE) unless the user chose.
-
-    Effective only before torch is imported: returns True when the policy was PASSIVE in time.
-    """
-    if "torch" in sys.modules:
-        return False
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return os.environ["OMP_WAIT_POLICY"].upper() == "PASSIVE"
-
-
 def wait_policy() -> str:
     """The OpenMP wait policy in this process's environment, for reports."""
     return os.environ.get("OMP_WAIT_POLICY", "libgomp default (spin, then sleep)")
 
 
 def configure(threads: int | None = None) -> int:
-    """Set torch's thread count to `threads`, or to `choose_threads()` when None; returns it."""
+    """Set torch's thread count to `threads`, or to `choose_threads()` when None; returns it.
+
+    A count given here is kept: `adapt` leaves it alone. So is one set by anyone else with
+    `torch.set_num_threads` after this call."""
     import torch
 
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     n = threads if threads is not None else choose_threads()
     torch.set_num_threads(n)
+    _governor.reset(chosen=None if threads is not None else n)
     return n
+
+
+class _Governor:
+    """State of `adapt`: the last look at the CPUs and the thread count it chose (None: not ours
+    to change)."""
+
+    def __init__(self):
+        self.chosen: int | None = None
+        self.last: tuple[float, float, dict[int, tuple[int, int]]] | None = None
+
+    def reset(self, chosen: int | None) -> None:
+        self.chosen, self.last = chosen, None
+
+    def look(self) -> tuple[float, float, dict[int, tuple[int, int]]]:
+        """(wall seconds, this process's CPU seconds, /proc/stat ticks) now."""
+        own = os.times()
+        return time.monotonic(), own.user + own.system, _cpu_times()
+
+
+_governor = _Governor()
+ADAPT_EVERY_S = 1.0
+
+
+def adapt(every_s: float = ADAPT_EVERY_S) -> int | None:
+    """Re-choose torch's threads from the load other processes put on the allowed CPUs since the
+    last look (at most once per `every_s` seconds; one read of /proc/stat, no sleep).
+
+    Acts only on a count `configure` chose itself, and only while nobody changed it since.
+    Returns the thread count set, or None when it changed nothing."""
+    import torch
+
+    gov = _governor
+    if gov.chosen is None or torch.get_num_threads() != gov.chosen:
+        gov.chosen = None
+        return None
+    now = time.monotonic()
+    if gov.last is not None and now - gov.last[0] < every_s:
+        return None
+    try:
+        look = gov.look()
+    except OSError:
+        return None
+    previous, gov.last = gov.last, look
+    if previous is None:
+        return None
+    cpus = allowed_cpus()
+    busy = 0.0
+    for cpu in cpus:
+        if cpu in previous[2] and cpu in look[2]:
+            total = look[2][cpu][1] - previous[2][cpu][1]
+            idle = look[2][cpu][0] - previous[2][cpu][0]
+            busy += (total - idle) / total if total > 0 else 0.0
+    own = (look[1] - previous[1]) / max(look[0] - previous[0], 1e-9)
+    others = max(0.0, busy - own)
+    allowed = len(cpus)
+    quota = cpu_quota()
+    if quota is not None:
+        allowed = max(1, min(allowed, int(quota)))
+    n = threads_for(len(cpus) - others, allowed)
+    if n != gov.chosen:
+        torch.set_num_threads(n)
+        gov.chosen = n
+        return n
+    return None

@@ -1,5 +1,7 @@
 """The decode benchmark's pieces: the floor streams exactly the step's weights, bytes are
 counted right, batched decode agrees with batch 1, the competing load never outlives its block."""
+import contextlib
+import json
 import subprocess
 import sys
 
@@ -134,3 +136,34 @@ def test_interleaved_medians_alternate_the_candidates_after_one_warm_up_each():
     assert set(medians) == {"a", "b"} and all(0 <= s < 1 for s in medians.values())
     with pytest.raises(ValueError):
         measure.interleaved_medians({"a": lambda: None}, 0)
+
+
+def test_threads_benchmark_runs_each_policy_in_a_clean_environment(monkeypatch, capsys):
+    """Each child gets exactly its policy's OpenMP variables (none inherited), and every policy
+    gets a row with each scenario's step."""
+    from reference.bench import threads as bench_threads
+
+    seen, real_run = [], subprocess.run
+
+    def fake_run(cmd, **kwargs):
+        if bench_threads.CHILD not in cmd:
+            return real_run(cmd, **kwargs)
+        env = kwargs["env"]
+        seen.append(({k: env[k] for k in bench_threads.OPENMP_VARIABLES if k in env}, cmd[-1]))
+        row = {"threads": 2, "step_ms": 20.0, "tok_s": 40.0, "of_copy": 0.5, "hf_tok_s": 20.0,
+               "after_step_ms": 25.0, "after_threads": 1, "after_hf_tok_s": 18.0,
+               "fixed_step_ms": 40.0}
+        return subprocess.CompletedProcess(cmd, 0, stdout="noise\n" + json.dumps(row) + "\n")
+
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "7")
+    monkeypatch.setattr(bench_threads.subprocess, "run", fake_run)
+    monkeypatch.setattr(bench_threads.measure, "competing_load",
+                        lambda processes: contextlib.nullcontext())
+    bench_threads.main(["--tokens", "4", "--repeats", "1"])
+    out = capsys.readouterr().out
+    assert [policy for policy, _ in seen[::2]] == list(bench_threads.POLICIES.values())
+    assert [scenario for _, scenario in seen] == ["quiet", "load before"] * len(bench_threads.POLICIES)
+    for name in bench_threads.POLICIES:
+        assert f"{name:<16}   2      20.0" in out
+    assert "80%" in out and "50%" in out   # kept under load (20/25) and with threads fixed (20/40)

@@ -70,11 +70,31 @@ def test_missing_private_ops_fall_back_to_f_linear(packed_on, monkeypatch):
     assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
 
 
-def test_a_single_row_takes_the_matrix_vector_path(packed_on):
+def test_a_single_row_takes_the_matrix_vector_path_where_blas_won(packed_on, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "_one_row_packed", {torch.get_num_threads(): False})
     x, weight = torch.randn(1, 1, 64), torch.randn(256, 64)
     assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
     assert weight not in cpu_linear._packed, \
-        "a one-row product should not pack its weight (BLAS's GEMV streams it as stored)"
+        "where BLAS's GEMV won the race, a one-row product must not pack its weight"
+
+
+@needs_packing
+def test_a_single_row_takes_the_packed_path_where_onednn_won(packed_on, monkeypatch):
+    monkeypatch.setattr(cpu_linear, "_one_row_packed", {torch.get_num_threads(): True})
+    x, weight = torch.randn(1, 1, 64), torch.randn(256, 64)
+    assert relative_error(cpu_linear.linear(x, weight), x.double() @ weight.double().T) < 1e-6
+    assert weight in cpu_linear._packed
+
+
+@needs_packing
+@pytest.mark.parametrize("blas_s, onednn_s, packed", [(2.0, 1.0, True), (1.0, 2.0, False)])
+def test_the_one_row_path_is_the_faster_of_the_two(monkeypatch, blas_s, onednn_s, packed):
+    """The race times BLAS first, then oneDNN; the verdict is kept per thread count."""
+    times = iter([blas_s, onednn_s])
+    monkeypatch.setattr(cpu_linear, "_best_seconds", lambda fn, repeats=3: next(times))
+    monkeypatch.setattr(cpu_linear, "_one_row_packed", {})
+    assert cpu_linear.one_row_packed() is packed
+    assert cpu_linear.one_row_packed() is packed, "the verdict must be kept, not re-raced"
 
 
 def test_small_matrices_take_the_plain_path():

@@ -1,10 +1,13 @@
-"""Thread choice from free cores, and the OpenMP wait policy set before torch is imported."""
+"""Thread choice from free cores, at load time and again while the work runs (`adapt`)."""
 import os
 import subprocess
 import sys
 
 import pytest
 
+import torch
+
+from reference import threads
 from reference.threads import cpu_quota, free_cores, threads_for
 
 
@@ -35,16 +38,69 @@ def test_free_cores_falls_back_to_the_cpu_count(tmp_path):
     assert free_cores(0.0, path=str(tmp_path / "missing")) == len(os.sched_getaffinity(0))
 
 
-def test_importing_reference_first_sets_a_passive_wait_policy():
-    code = ("import reference, os, torch; print(os.environ['OMP_WAIT_POLICY'])")
+def test_importing_reference_leaves_the_openmp_wait_policy_to_the_user():
+    code = "import reference, os, torch; print(os.environ.get('OMP_WAIT_POLICY', 'unset'))"
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
                          timeout=300)
-    assert out.stdout.strip() == "PASSIVE", out.stderr
-    env["OMP_WAIT_POLICY"] = "ACTIVE"  # the user's choice wins
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env,
-                         timeout=300)
-    assert out.stdout.strip() == "ACTIVE", out.stderr
+    assert out.stdout.strip() == "unset", out.stderr
+
+
+class Machine:
+    """A 2-CPU machine whose /proc/stat, clock and process CPU time the test advances."""
+
+    def __init__(self, monkeypatch):
+        self.wall, self.own, self.ticks = 0.0, 0.0, {0: [0, 0], 1: [0, 0]}
+        monkeypatch.setattr(threads, "allowed_cpus", lambda: [0, 1])
+        monkeypatch.setattr(threads, "cpu_quota", lambda: None)
+        monkeypatch.setattr(threads._governor, "look", lambda: (
+            self.wall, self.own, {c: tuple(t) for c, t in self.ticks.items()}))
+
+    def run(self, seconds: float, ours: float, others: float) -> None:
+        """`seconds` pass with `ours` cores used by this process and `others` by other processes."""
+        self.wall += seconds
+        self.own += ours * seconds
+        busy = min(2.0, ours + others)
+        for cpu in (0, 1):
+            share = min(1.0, max(0.0, busy - cpu))
+            self.ticks[cpu][0] += round(100 * seconds * (1 - share))
+            self.ticks[cpu][1] += round(100 * seconds)
+
+
+@pytest.fixture
+def two_threads(monkeypatch):
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "choose_threads", lambda window_s=0.25: 2)
+    threads.configure()
+    yield Machine(monkeypatch)
+    torch.set_num_threads(before)
+    threads._governor.reset(None)
+
+
+def test_adapt_follows_a_load_that_comes_and_goes(two_threads):
+    machine = two_threads
+    assert threads.adapt(every_s=1.0) is None          # the first look only records
+    machine.run(1.0, ours=2.0, others=0.0)             # quiet: our two threads busy
+    assert threads.adapt(every_s=1.0) is None and torch.get_num_threads() == 2
+    machine.run(1.0, ours=1.1, others=0.9)             # a busy loop arrived
+    assert threads.adapt(every_s=1.0) == 1, "another process's core must be left to it"
+    machine.run(0.5, ours=1.0, others=1.0)
+    assert threads.adapt(every_s=1.0) is None, "looks are rate-limited to one per second"
+    machine.run(1.0, ours=1.0, others=0.0)             # the load went away
+    assert threads.adapt(every_s=1.0) == 2 and torch.get_num_threads() == 2
+
+
+def test_adapt_leaves_a_count_someone_chose(two_threads):
+    machine = two_threads
+    threads.configure(2)                               # --threads 2
+    threads.adapt(every_s=1.0)
+    machine.run(1.0, ours=1.0, others=1.0)
+    assert threads.adapt(every_s=1.0) is None and torch.get_num_threads() == 2
+    threads.configure()                                # chosen again by the module ...
+    torch.set_num_threads(1)                           # ... then set by the user
+    threads.adapt(every_s=1.0)
+    machine.run(1.0, ours=1.0, others=0.0)
+    assert threads.adapt(every_s=1.0) is None and torch.get_num_threads() == 1
 
 
 @pytest.mark.parametrize("text, expected", [("max 100000", None), ("150000 100000", 1.5),

@@ -10,6 +10,7 @@ from here. Each benchmark runs side by side in one process, so its ratios are me
     python -m reference.bench speculative ...  speculative.py  drafters vs plain decoding vs HF prompt lookup
     python -m reference.bench engine-host ...  host.py      an engine step's host time beside its model time
     python -m reference.bench kernels ...      kernels.py   the Triton kernels vs PyTorch (results/ holds GPU tables)
+    python -m reference.bench threads ...      threads.py   OpenMP wait policies and thread choice, quiet and under load
 
 The toolkit they share is `measure.py` (one timer, one bandwidth, one provenance record);
 `machine.py` measures this machine's roofline (chapter 04), `workload.py` builds the chat

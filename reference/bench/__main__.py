@@ -8,7 +8,8 @@ from reference.bench import __doc__ as PACKAGE_DOC
 
 # command -> module of reference.bench whose main(argv) runs it
 COMMANDS = {"decode": "decode", "passes": "passes", "batch": "batch", "serve": "serve",
-            "speculative": "speculative", "engine-host": "host", "kernels": "kernels"}
+            "speculative": "speculative", "engine-host": "host", "kernels": "kernels",
+            "threads": "threads"}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,6 +19,7 @@ from collections.abc import Sequence as SequenceABC
 
 import torch
 
+from reference import threads
 from reference.engine.params import RequestMetrics, RequestOutput, SamplingParams
 from reference.engine.runner import ModelRunner
 from reference.engine.sampler import Sampler
@@ -124,6 +125,7 @@ class LLMEngine:
     # ----- one step ------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         """Run one model step; returns the requests that produced a token or finished in it."""
+        threads.adapt()   # the cores other processes left free, looked at once a second
         began, model_before = time.perf_counter(), self.runner.model_seconds
         batch = self.scheduler.schedule()
         finished = list(self.scheduler.finished)
