@@ -66,10 +66,10 @@ def test_fa2_and_standard_agree_with_the_kernel_modules_count(n, d, block):
     assert ft.standard_bytes(n, n, d) == kernel["naive"]
 
 
-def test_with_equal_outer_tiles_fa1_moves_more_than_fa2_and_both_far_less_than_standard():
+def test_with_equal_outer_tiles_fa1_moves_more_than_fa2_and_less_than_standard():
     n, d, tile = 8192, 64, 128
     fa1, fa2 = ft.fa1_bytes(n, n, d, tile), ft.fa2_bytes(n, n, d, tile)
-    assert fa2 < fa1 < ft.standard_bytes(n, n, d) / 4
+    assert fa2 < fa1 < ft.standard_bytes(n, n, d)
     # FA1 streams Q, O in and O out (3 matrices) per outer step, FA2 K and V (2)
     assert 1.5 < fa1 / fa2 < 1.6
 

@@ -59,9 +59,9 @@ def loop_order_figure(n_tiles: int, lengths, series: dict[str, list[float]],
     columns = [(i, j) for j in range(n_tiles) for i in range(n_tiles)]
     rows = [(i, j) for i in range(n_tiles) for j in range(n_tiles)]
     _tile_grid(fig.add_subplot(grids[0]), n_tiles, columns,
-               "FA1: K/V tile outside\nQ, O, l, m re-read per column")
+               "FA1: K/V tile outside\nQ, O, l, m moved per K/V tile")
     _tile_grid(fig.add_subplot(grids[1]), n_tiles, rows,
-               "FA2: Q tile outside\nK, V re-read per row")
+               "FA2: Q tile outside\nK, V moved per Q tile")
     ax = fig.add_subplot(grids[2])
     for (label, values), marker in zip(series.items(), "os^v"):
         ax.loglog(lengths, values, marker + "-", label=label)
@@ -162,27 +162,34 @@ def causal_tiles_figure(panels: dict[tuple[int, int], np.ndarray],
 
 
 def schedule_figure(schedules: dict[str, list[Span]]):
-    """One timeline per schedule: a row per warpgroup (its GEMM0, softmax and
-    GEMM1 bars, labelled by K/V tile) over a shared time axis."""
+    """One timeline per schedule over a shared time axis: for each warpgroup
+    a lane of GEMMs (GEMM0, GEMM1) and a lane of softmaxes, each bar
+    labelled with its K/V tile."""
+    lanes = {title: sorted({(s.op.warpgroup, s.op.kind == "softmax")
+                            for s in spans})
+             for title, spans in schedules.items()}
+    heights = [len(rows) for rows in lanes.values()]
     fig, axes = plt.subplots(len(schedules), 1, sharex=True,
-                             figsize=(9.5, 1.3 + 1.2 * len(schedules)))
+                             figsize=(9.5, 1.4 + 0.5 * sum(heights)),
+                             gridspec_kw={"height_ratios": heights})
     for ax, (title, spans) in zip(axes, schedules.items()):
-        warpgroups = sorted({s.op.warpgroup for s in spans})
+        rows = lanes[title]
         for span in spans:
-            row = warpgroups.index(span.op.warpgroup)
-            ax.barh(row, span.end - span.start, left=span.start, height=0.6,
+            row = rows.index((span.op.warpgroup, span.op.kind == "softmax"))
+            ax.barh(row, span.end - span.start, left=span.start, height=0.7,
                     color=OP_COLOURS[span.op.kind], edgecolor="white")
             ax.text((span.start + span.end) / 2, row, str(span.op.iteration),
                     ha="center", va="center", fontsize=9, color="white")
-        ax.set_yticks(range(len(warpgroups)),
-                      [f"warpgroup {wg}" for wg in warpgroups])
-        ax.invert_yaxis()
+        ax.set_yticks(range(len(rows)),
+                      [f"warpgroup {wg} " + ("softmax" if soft else "GEMMs")
+                       for wg, soft in rows], fontsize=10)
+        ax.set_ylim(len(rows) - 0.5, -0.5)
         ax.set_title(title, fontsize=11, loc="left")
     axes[-1].set_xlabel("time (one GEMM = 1; numbers: K/V tile)")
     handles = [plt.Rectangle((0, 0), 1, 1, color=c) for c in OP_COLOURS.values()]
     fig.legend(handles, ["GEMM0: S = Q Kᵀ", "softmax", "GEMM1: O += P V"],
                loc="lower center", ncol=3, frameon=False)
-    fig.tight_layout(rect=(0, 0.07, 1, 1))
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
 
 
