@@ -34,12 +34,12 @@ def test_every_tile_gets_its_three_operations_in_order(name):
     for wg in warpgroups:
         for j in range(n_tiles):
             g0, sm, g1 = (ops[Op(wg, kind, j)] for kind in ("GEMM0", "softmax", "GEMM1"))
-            assert g0.end <= sm.start and sm.end <= g1.start
+            assert g0.end <= sm.start and sm.end <= g1.start, f"{name}: tile {j} out of order"
 
 
 def test_serial_leaves_the_tensor_cores_idle_during_every_softmax():
     spans = run(serial(8), 1.0, 1.0)
-    assert tensor_core_busy(spans) == pytest.approx(2 / 3)
+    assert tensor_core_busy(spans) == pytest.approx(2 / 3), "two GEMMs of 1, then a softmax of 1"
 
 
 @pytest.mark.parametrize("name", ["pingpong", "pipelined"])

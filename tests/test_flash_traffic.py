@@ -47,31 +47,32 @@ def test_fa1_rereads_and_rewrites_the_output_and_statistics_on_every_outer_step(
     moved = run(fa1_attention, shape).moved
     outer_steps = n_k // block_c
     assert moved["O"] == (1 + 2 * outer_steps) * n_q * d * 2, "O: initialised, then read and written per K/V tile"
-    assert moved["m"] == moved["l"] == (1 + 2 * outer_steps) * n_q * 4
-    assert moved["Q"] == outer_steps * n_q * d * 2 and moved["K"] == n_k * d * 2
+    assert moved["m"] == moved["l"] == (1 + 2 * outer_steps) * n_q * 4, "m, l: like O, in fp32"
+    assert moved["Q"] == outer_steps * n_q * d * 2, "Q: read in full once per K/V tile"
+    assert moved["K"] == n_k * d * 2, "K: read once, in the outer loop"
 
 
 def test_fa2_reads_q_once_and_k_v_once_per_query_tile():
     n_q, n_k, d, block_r, block_c = shape = (12, 20, 8, 4, 5)
     moved = run(fa2_attention, shape).moved
-    assert moved["Q"] == moved["O"] == n_q * d * 2
-    assert moved["K"] == moved["V"] == (n_q // block_r) * n_k * d * 2
-    assert moved["lse"] == n_q * 4 and "m" not in moved and "l" not in moved
+    assert moved["Q"] == moved["O"] == n_q * d * 2, "Q read and O written once each"
+    assert moved["K"] == moved["V"] == (n_q // block_r) * n_k * d * 2, "K, V: once per query tile"
+    assert moved["lse"] == n_q * 4, "one fp32 log-sum-exp per row"
+    assert "m" not in moved and "l" not in moved, "m and l stay on chip"
 
 
 @pytest.mark.parametrize("n, d, block", [(1024, 64, 128), (8192, 128, 64), (100, 32, 16)])
 def test_fa2_and_standard_agree_with_the_kernel_modules_count(n, d, block):
     kernel = hbm_bytes(n, n, d, element_bytes=2, block_m=block)
-    assert ft.fa2_bytes(n, n, d, block) == kernel["flash"]
-    assert ft.standard_bytes(n, n, d) == kernel["naive"]
+    assert ft.fa2_bytes(n, n, d, block) == kernel["flash"], "the Triton kernel runs FA2's order"
+    assert ft.standard_bytes(n, n, d) == kernel["naive"], "both count plain attention alike"
 
 
 def test_with_equal_outer_tiles_fa1_moves_more_than_fa2_and_less_than_standard():
     n, d, tile = 8192, 64, 128
     fa1, fa2 = ft.fa1_bytes(n, n, d, tile), ft.fa2_bytes(n, n, d, tile)
     assert fa2 < fa1 < ft.standard_bytes(n, n, d)
-    # FA1 streams Q, O in and O out (3 matrices) per outer step, FA2 K and V (2)
-    assert 1.5 < fa1 / fa2 < 1.6
+    assert 1.5 < fa1 / fa2 < 1.6, "per outer step FA1 streams Q in, O in, O out; FA2 K and V"
 
 
 def test_fa1_grows_as_n_squared_d_squared_over_m():
@@ -85,4 +86,4 @@ def test_fa1_grows_as_n_squared_d_squared_over_m():
 @pytest.mark.parametrize("sram, d, tiles", [(100 * 1024, 64, (64, 200)), (192 * 1024, 128, (128, 192)),
                                              (16 * 1024, 128, (16, 16))])
 def test_paper_tiles_follow_algorithm_1(sram, d, tiles):
-    assert ft.fa1_paper_tiles(sram, d) == tiles
+    assert ft.fa1_paper_tiles(sram, d) == tiles, "B_c = ceil(M / 4d), B_r = min(B_c, d), M in elements"
