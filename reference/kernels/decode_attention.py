@@ -99,24 +99,31 @@ def _split_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, acc_ptr,
 
 
 @triton.jit
-def merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr, stride_ob, stride_oh, stride_od, n_q_heads, num_splits, head_dim,
+def merge_kernel(m_ptr, l_ptr, acc_ptr, out_ptr,
+                 stride_ob, stride_oh, stride_od,
+                 n_q_heads, num_splits, head_dim,
                  BLOCK_D: tl.constexpr, BLOCK_S: tl.constexpr):
-    """Program (batch * q_head): merge its num_splits states into the output row.
+    """Program (batch * q_head): merge its num_splits states into the
+    output row.
 
-    acc rows are BLOCK_D wide (head_dim padded to a power of 2); only head_dim columns are written.
+    acc rows are BLOCK_D wide (head_dim padded to a power of 2); only
+    head_dim columns are written.
     """
     row = tl.program_id(0).to(tl.int64)
     splits = tl.arange(0, BLOCK_S)
     dims = tl.arange(0, BLOCK_D)
     ok = splits < num_splits
-    m = tl.load(m_ptr + row * num_splits + splits, mask=ok, other=float("-inf"))
-    l = tl.load(l_ptr + row * num_splits + splits, mask=ok, other=0.0)
-    acc = tl.load(acc_ptr + (row * num_splits + splits)[:, None] * BLOCK_D + dims[None, :], mask=ok[:, None], other=0.0)
-    m_all = tl.max(m, axis=0)                                     # finite: some split holds keys
-    weight = tl.exp2(m - m_all)                                   # 0 for empty splits (m = -inf)
+    states = row * num_splits + splits
+    m = tl.load(m_ptr + states, mask=ok, other=float("-inf"))
+    l = tl.load(l_ptr + states, mask=ok, other=0.0)
+    acc = tl.load(acc_ptr + states[:, None] * BLOCK_D + dims[None, :],
+                  mask=ok[:, None], other=0.0)
+    m_all = tl.max(m, axis=0)              # finite: some split holds keys
+    weight = tl.exp2(m - m_all)            # 0 for empty splits (m = -inf)
     out = tl.sum(weight[:, None] * acc, axis=0) / tl.sum(weight * l, axis=0)
     batch, head = row // n_q_heads, row % n_q_heads
-    tl.store(out_ptr + batch * stride_ob + head * stride_oh + dims * stride_od, out.to(out_ptr.dtype.element_ty),
+    out_row = out_ptr + batch * stride_ob + head * stride_oh
+    tl.store(out_row + dims * stride_od, out.to(out_ptr.dtype.element_ty),
              mask=dims < head_dim)
 
 

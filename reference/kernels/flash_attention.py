@@ -49,34 +49,42 @@ def _prune_configs(configs, named_args, **kwargs):
 
 
 @triton.jit
-def _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+def _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base,
+                      stride_kn, stride_kd, stride_vn, stride_vd,
                       rows, start, end, n_keys, causal_offset, qk_scale,
-                      MASKED: tl.constexpr, CAUSAL: tl.constexpr, BLOCK_N: tl.constexpr,
-                      HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
-    """Fold the key tiles [start, end) into the running state (acc, l_i, m_i) of the q tile."""
+                      MASKED: tl.constexpr, CAUSAL: tl.constexpr,
+                      BLOCK_N: tl.constexpr, HEAD_DIM: tl.constexpr,
+                      PRECISION: tl.constexpr, DOT_UPCAST: tl.constexpr):
+    """Fold the key tiles [start, end) into the running state
+    (acc, l_i, m_i) of the q tile."""
     dims = tl.arange(0, HEAD_DIM)
     for start_n in range(start, end, BLOCK_N):
         cols = start_n + tl.arange(0, BLOCK_N)
         in_range = cols[:, None] < n_keys
-        k = tl.load(k_base + cols[:, None] * stride_kn + dims[None, :] * stride_kd, mask=in_range, other=0.0)
+        k_ptrs = k_base + cols[:, None] * stride_kn + dims[None, :] * stride_kd
+        k = tl.load(k_ptrs, mask=in_range, other=0.0)
         if DOT_UPCAST:
             k = k.to(tl.float32)
-        s = tl.dot(q, tl.trans(k), input_precision=PRECISION) * qk_scale         # [BLOCK_M, BLOCK_N]
-        if MASKED:  # the tail tile past n_keys, and tiles that cross the causal diagonal
+        s = tl.dot(q, tl.trans(k), input_precision=PRECISION)
+        s = s * qk_scale                                 # [BLOCK_M, BLOCK_N]
+        if MASKED:  # the tail tile past n_keys, tiles across the diagonal
             visible = cols[None, :] < n_keys
             if CAUSAL:
-                visible = visible & (cols[None, :] <= rows[:, None] + causal_offset)
+                last_key = rows[:, None] + causal_offset
+                visible = visible & (cols[None, :] <= last_key)
             s = tl.where(visible, s, float("-inf"))
-        # Every row sees key 0 in the first tile, so m_new is finite from then on.
+        # Every row sees key 0 in the first tile: m_new is finite from then.
         m_new = tl.maximum(m_i, tl.max(s, axis=1))
-        alpha = tl.exp2(m_i - m_new)                      # rescales what was summed under the old max
+        alpha = tl.exp2(m_i - m_new)    # rescales what the old max summed
         p = tl.exp2(s - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + cols[:, None] * stride_vn + dims[None, :] * stride_vd, mask=in_range, other=0.0)
-        p_in = p.to(v_base.dtype.element_ty)                  # P V runs in the input dtype, like Q K^T
+        v_ptrs = v_base + cols[:, None] * stride_vn + dims[None, :] * stride_vd
+        v = tl.load(v_ptrs, mask=in_range, other=0.0)
+        p_in = p.to(v_base.dtype.element_ty)   # P V in the input dtype too
         if DOT_UPCAST:
             p_in, v = p_in.to(tl.float32), v.to(tl.float32)
-        acc = acc * alpha[:, None] + tl.dot(p_in, v, input_precision=PRECISION)
+        pv = tl.dot(p_in, v, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + pv
         m_i = m_new
     return acc, l_i, m_i
 
@@ -88,18 +96,20 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
                             stride_vb, stride_vh, stride_vn, stride_vd,
                             stride_ob, stride_oh, stride_om, stride_od,
                             n_q_heads, group, n_queries, n_keys, qk_scale,
-                            CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr, PRECISION: tl.constexpr,
+                            CAUSAL: tl.constexpr, HEAD_DIM: tl.constexpr,
+                            PRECISION: tl.constexpr,
                             DOT_UPCAST: tl.constexpr,
                             BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr):
     start_m = tl.program_id(0) * BLOCK_M
     batch = tl.program_id(1) // n_q_heads
     head = tl.program_id(1) % n_q_heads
-    kv_head = head // group                                   # GQA: index the shared K/V head
+    kv_head = head // group                 # GQA: index the shared K/V head
     rows = start_m + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD_DIM)
-    q_base = q_ptr + batch.to(tl.int64) * stride_qb + head * stride_qh
-    k_base = k_ptr + batch.to(tl.int64) * stride_kb + kv_head * stride_kh
-    v_base = v_ptr + batch.to(tl.int64) * stride_vb + kv_head * stride_vh
+    batch64 = batch.to(tl.int64)
+    q_base = q_ptr + batch64 * stride_qb + head * stride_qh
+    k_base = k_ptr + batch64 * stride_kb + kv_head * stride_kh
+    v_base = v_ptr + batch64 * stride_vb + kv_head * stride_vh
     q = tl.load(q_base + rows[:, None] * stride_qm + dims[None, :] * stride_qd,
                 mask=rows[:, None] < n_queries, other=0.0)
     if DOT_UPCAST:
@@ -110,23 +120,28 @@ def _flash_attention_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
     causal_offset = n_keys - n_queries
     if CAUSAL:
-        # Keys every row of this tile sees, then the tiles crossing the diagonal (masked).
+        # Keys every row of this tile sees, then the tiles crossing the
+        # diagonal (masked).
         end = tl.minimum(n_keys, start_m + BLOCK_M + causal_offset)
-        full = tl.minimum((start_m + causal_offset + 1) // BLOCK_N, n_keys // BLOCK_N) * BLOCK_N
+        full = tl.minimum((start_m + causal_offset + 1) // BLOCK_N,
+                          n_keys // BLOCK_N) * BLOCK_N
     else:
         end = n_keys
         full = n_keys // BLOCK_N * BLOCK_N
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                                      stride_vd, rows, 0, full, n_keys, causal_offset, qk_scale,
-                                      False, CAUSAL, BLOCK_N, HEAD_DIM, PRECISION, DOT_UPCAST)
-    acc, l_i, m_i = _attend_key_tiles(acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
-                                      stride_vd, rows, full, end, n_keys, causal_offset, qk_scale,
-                                      True, CAUSAL, BLOCK_N, HEAD_DIM, PRECISION, DOT_UPCAST)
+    acc, l_i, m_i = _attend_key_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+        stride_vd, rows, 0, full, n_keys, causal_offset, qk_scale,
+        False, CAUSAL, BLOCK_N, HEAD_DIM, PRECISION, DOT_UPCAST)
+    acc, l_i, m_i = _attend_key_tiles(
+        acc, l_i, m_i, q, k_base, v_base, stride_kn, stride_kd, stride_vn,
+        stride_vd, rows, full, end, n_keys, causal_offset, qk_scale,
+        True, CAUSAL, BLOCK_N, HEAD_DIM, PRECISION, DOT_UPCAST)
 
-    out_base = out_ptr + batch.to(tl.int64) * stride_ob + head * stride_oh
+    out_base = out_ptr + batch64 * stride_ob + head * stride_oh
+    out = (acc / l_i[:, None]).to(out_ptr.dtype.element_ty)
     tl.store(out_base + rows[:, None] * stride_om + dims[None, :] * stride_od,
-             (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=rows[:, None] < n_queries)
-    lse_row = lse_ptr + (batch.to(tl.int64) * n_q_heads + head) * n_queries
+             out, mask=rows[:, None] < n_queries)
+    lse_row = lse_ptr + (batch64 * n_q_heads + head) * n_queries
     tl.store(lse_row + rows, (m_i + tl.log2(l_i)) * LN2, mask=rows < n_queries)
 
 

@@ -68,12 +68,15 @@ def merge_softmax_states(a: tuple[Tensor, Tensor, Tensor],
     return m, w_a * l_a + w_b * l_b, w_a[..., None] * acc_a + w_b[..., None] * acc_b
 
 
-def tiled_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, sm_scale: float | None = None,
-                    block_m: int = 16, block_n: int = 16) -> tuple[Tensor, Tensor]:
-    """Flash attention's loop nest in PyTorch: (out, lse) without ever holding [Nq, Nk] scores.
+def tiled_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False,
+                    sm_scale: float | None = None, block_m: int = 16,
+                    block_n: int = 16) -> tuple[Tensor, Tensor]:
+    """Flash attention's loop nest in PyTorch: (out, lse) without ever
+    holding [Nq, Nk] scores.
 
-    Outer loop over query tiles of `block_m` rows, inner loop over key/value tiles of `block_n`
-    columns; each query row keeps its running state (m, l, acc) and merges one tile at a time.
+    Outer loop over query tiles of `block_m` rows, inner loop over key/value
+    tiles of `block_n` columns; each query row keeps its running state
+    (m, l, acc) and merges one tile at a time.
     """
     group = q.shape[1] // k.shape[1]
     scale = sm_scale if sm_scale is not None else 1.0 / math.sqrt(q.shape[-1])
@@ -81,18 +84,22 @@ def tiled_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, sm_sc
     out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
     visible = causal_mask(n_q, n_k, q.device) if causal else None
     for h in range(q.shape[1]):
-        k_h, v_h = k[:, h // group], v[:, h // group]                 # GQA: no copies
+        k_h, v_h = k[:, h // group], v[:, h // group]      # GQA: no copies
         for i in range(0, n_q, block_m):
-            q_tile = q[:, h, i:i + block_m]                             # [B, bm, D]
+            q_tile = q[:, h, i:i + block_m]                  # [B, bm, D]
             m = q.new_full(q_tile.shape[:2], float("-inf"))
             l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
             for j in range(0, n_k, block_n):
-                s = q_tile @ k_h[:, j:j + block_n].transpose(-1, -2) * scale    # [B, bm, bn]
+                k_tile = k_h[:, j:j + block_n].transpose(-1, -2)
+                s = q_tile @ k_tile * scale                  # [B, bm, bn]
                 if causal:
-                    s = s.masked_fill(~visible[i:i + block_m, j:j + block_n], float("-inf"))
-                s_max = s.amax(-1)                                        # -inf where a row sees no key here
-                p = torch.exp(s - torch.where(torch.isinf(s_max), 0.0, s_max)[..., None])
-                m, l, acc = merge_softmax_states((m, l, acc), (s_max, p.sum(-1), p @ v_h[:, j:j + block_n]))
+                    hidden = ~visible[i:i + block_m, j:j + block_n]
+                    s = s.masked_fill(hidden, float("-inf"))
+                s_max = s.amax(-1)     # -inf where a row sees no key here
+                shift = torch.where(torch.isinf(s_max), 0.0, s_max)
+                p = torch.exp(s - shift[..., None])
+                tile = (s_max, p.sum(-1), p @ v_h[:, j:j + block_n])
+                m, l, acc = merge_softmax_states((m, l, acc), tile)
             out[:, h, i:i + block_m] = acc / l[..., None]
             lse[:, h, i:i + block_m] = m + torch.log(l)
     return out, lse
