@@ -47,15 +47,18 @@ class Paragraphs(HTMLParser):
 
 
 COLUMN_CHARS = 80
-"""The widest code line that fits the code column at a 1280-pixel-wide window, in characters.
+"""The widest code line a reader sees whole at a 1280-pixel-wide window, in characters.
 
-At 1280 px the book theme (sphinx-book-theme 1.3) shows the chapter list on the left and the
-page's contents on the right; the article between them gives a code block about 690 px of text
-(the `<pre>`'s width less its padding, measured in Chromium on the built pages), and the
-theme's code font (`var(--pst-font-family-monospace)` at 0.875 of 16 px, a DejaVu Sans Mono
-glyph 0.602 em wide) spends 8.4 px on a character: 690 / 8.4 = 82 characters. 80 leaves a
-little room for a proportional fallback font. A wider line is cut off behind a horizontal
-scroll bar."""
+Measured in Chromium on the built pages at 1280 px: sphinx-book-theme 1.3 shows the chapter list
+on the left and the page's contents on the right, and a cell's `<pre>` between them is 672 px wide,
+640 px of text inside its 16 px paddings. The theme sets code in 14 px (0.875em) of its monospace
+stack (DejaVu Sans Mono where nothing earlier in the stack is installed, 0.602 em a character):
+8.43 px a character, 75 characters; a 76-character line already overflowed behind a scroll bar.
+book/_static/code-width.css sets code blocks in 13 px instead (7.83 px a character): 81
+characters fit, and every line of 80 or fewer was shown whole (no `<pre>` of the built book with
+such lines overflowed). 80 keeps a character in hand, and is the width the chapters are written
+to. Without that style sheet the threshold would be 75."""
+CODE_CSS = "code-width.css"
 
 
 class CodeLines(HTMLParser):
@@ -135,7 +138,11 @@ def test_page_shows_tables_as_tables_and_no_errors(page):
 
 @pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
 def test_every_visible_code_line_fits_the_column(page):
-    wide = wide_code_lines(page.read_text(encoding="utf-8"))
+    html = page.read_text(encoding="utf-8")
+    assert CODE_CSS in html, (
+        f"{page.name} does not load {CODE_CSS}: without its 13 px code font the column at 1280 px "
+        f"holds 75 characters, not {COLUMN_CHARS} (html_css_files in _config.yml)")
+    wide = wide_code_lines(html)
     assert not wide, (
         f"{page.name}: {len(wide)} code line(s) a reader sees are wider than {COLUMN_CHARS} "
         f"characters, the code column at 1280 px; the first: {wide[0]!r}. Wrap the input, print "
