@@ -36,17 +36,24 @@ def _softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride,
     cols = tl.arange(0, BLOCK)
     if SINGLE_BLOCK:
         # The whole row in registers: one read, one write.
-        x = tl.load(x_row + cols, mask=cols < n_cols, other=float("-inf")).to(tl.float32) * LOG2E
+        mask = cols < n_cols
+        loaded = tl.load(x_row + cols, mask=mask, other=float("-inf"))
+        x = loaded.to(tl.float32) * LOG2E
         m = tl.max(x, axis=0)
-        p = tl.exp2(x - tl.where(m == float("-inf"), 0.0, m))      # all -inf: p = 0, l = 0, 0/0 = NaN
-        tl.store(out_row + cols, (p / tl.sum(p, axis=0)).to(out_ptr.dtype.element_ty), mask=cols < n_cols)
+        # all -inf: p = 0, l = 0, 0/0 = NaN
+        p = tl.exp2(x - tl.where(m == float("-inf"), 0.0, m))
+        out = p / tl.sum(p, axis=0)
+        tl.store(out_row + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
     else:
         # Pass 1: running max and rescaled sum over column blocks.
-        m = tl.full([BLOCK], float("-inf"), tl.float32)             # per-lane maxima, reduced at the end
+        # per-lane maxima, reduced at the end
+        m = tl.full([BLOCK], float("-inf"), tl.float32)
         l = tl.zeros([BLOCK], tl.float32)
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
-            x = tl.load(x_row + start + cols, mask=mask, other=float("-inf")).to(tl.float32) * LOG2E
+            loaded = tl.load(x_row + start + cols, mask=mask,
+                             other=float("-inf"))
+            x = loaded.to(tl.float32) * LOG2E
             m_new = tl.maximum(m, x)
             safe = tl.where(m_new == float("-inf"), 0.0, m_new)
             l = l * tl.exp2(m - safe) + tl.exp2(x - safe)
@@ -57,9 +64,12 @@ def _softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride,
         # Pass 2: read again, write the normalised row.
         for start in range(0, n_cols, BLOCK):
             mask = start + cols < n_cols
-            x = tl.load(x_row + start + cols, mask=mask, other=float("-inf")).to(tl.float32) * LOG2E
+            loaded = tl.load(x_row + start + cols, mask=mask,
+                             other=float("-inf"))
+            x = loaded.to(tl.float32) * LOG2E
             p = tl.exp2(x - safe_row) / l_row
-            tl.store(out_row + start + cols, p.to(out_ptr.dtype.element_ty), mask=mask)
+            tl.store(out_row + start + cols, p.to(out_ptr.dtype.element_ty),
+                     mask=mask)
 
 
 def softmax(x: torch.Tensor) -> torch.Tensor:
