@@ -33,9 +33,12 @@ from reference.calculators.fragmentation import WALKTHROUGH, WALKTHROUGH_BLOCK_S
     ContiguousPool, PagedPool
 from reference.paging import BlockManager, OutOfBlocks
 
+# torch's attention, and the quantizable MultiheadAttention's (bmm and softmax in Python, allowed
+# operations), guarded on its class however a cell got one (torch.ao.quantization.prepare)
 FORBIDDEN = ["torch.nn.functional.scaled_dot_product_attention",
              "torch.nn.functional.multi_head_attention_forward",
-             "torch.nn.attention.flex_attention.flex_attention"]
+             "torch.nn.attention.flex_attention.flex_attention",
+             "torch.ao.nn.quantizable.MultiheadAttention._forward_impl"]
 
 
 # ------------------------------------------------------------------------------ PagedKVCache
