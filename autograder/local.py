@@ -22,13 +22,14 @@ from torch import Tensor
 from autograder.boundary.causes import LearnerError, OperationRefused, describe
 from autograder.boundary.guard import Guard, limits_paused, operation_limit
 from autograder.rules.feedback import PrerequisiteFailed
-from autograder.rules.kernel_rules import cell_problem
+from autograder.rules.kernel_rules import cell_problem, interpreter_reach
 from autograder.rules.operations import allowed_operations, refusal_message
 from autograder.boundary.launching import launch
 from autograder.boundary.protocol import HEADER, decode, encode
 from autograder.boundary.proxies import LearnerSide
 from autograder.boundary.refs import Handle, from_wire, to_wire
 from autograder.boundary.store import GraderSideTrace, ReferenceStore
+from autograder.boundary.traffic import LaunchTraffic
 
 TESTS_DIR = Path(__file__).resolve().parent / "tests"
 
@@ -57,6 +58,7 @@ class LocalLearner(GraderSideTrace):
         self.exercise = None
         self._side = LearnerSide(self._remote)
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
+        self.last_traffic: LaunchTraffic | None = None   # the last launch's loads and stores
         self._guard: Guard | None = None
 
     @classmethod
@@ -140,14 +142,19 @@ class LocalLearner(GraderSideTrace):
 
     def launch(self, kernel: str, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> list:
         """Run the learner's Triton kernel ``kernel[grid](*args, **kwargs)``; returns ``args``
-        after the launch; a kernel cell that is not plain Triton code is refused unrun."""
-        problem = cell_problem(self.cell_source(kernel), kernel)
+        after the launch, its loads and stores in ``last_traffic``; a kernel cell that is not plain
+        Triton code, or any kernel while a cell names the interpreter's internals, is refused."""
+        problem = cell_problem(self.cell_source(kernel), kernel) or \
+            interpreter_reach(list(self.sources.items()))
         if problem:
             raise LearnerError(problem)
         target = self._lookup(kernel)
+        self.last_traffic = None
 
         def run(*a, **k):
-            return launch(target, grid, a, k)
+            after, measured = launch(target, grid, a, k)
+            self.last_traffic = LaunchTraffic.from_wire(measured)
+            return after
         return self._run(run, args, kwargs, limit_ops=False)
 
 

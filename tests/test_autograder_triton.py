@@ -8,7 +8,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy
 import pytest
+import torch
 
 from autograder.solutions import split_sections
 
@@ -18,12 +20,27 @@ GRADER = FIXTURES / "triton_grader.py"
 SECTIONS = {s.kind: s for s in split_sections((FIXTURES / "triton_submissions.py").read_text())}
 
 
-def notebook(source: str) -> str:
-    meta = {"nbgrader": {"solution": True, "grade": False, "locked": False,
-                         "grade_id": "add_kernel", "schema_version": 3}}
-    cell = {"cell_type": "code", "metadata": meta, "source": source, "outputs": [],
-            "execution_count": None}
-    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": [cell]})
+# Cells beside a right kernel that reach the interpreter, where the loads and stores are counted:
+# by name (refused before any kernel runs), and by computed names, putting the builder's own
+# load back in place of the count (found by the worker before the launch).
+TAMPERING = {
+    "tamper_named": "import triton.runtime.interpreter as ti\nB = ti.InterpreterBuilder\n",
+    "tamper_computed": "import importlib\n"
+                       "B = getattr(importlib.import_module('triton.runtime.' + 'inter' + 'preter'),"
+                       " 'Inter' + 'preterBuilder')\n"
+                       "name = 'create_' + 'masked_' + 'load'\n"
+                       "setattr(B, name, vars(B)[name].__closure__[0].cell_contents)\n",
+}
+
+
+def notebook(source: str, other: str | None = None) -> str:
+    cells = []
+    for grade_id, text in (("add_kernel", source), ("other", other)):
+        meta = {"nbgrader": {"solution": True, "grade": False, "locked": False,
+                             "grade_id": grade_id, "schema_version": 3}}
+        cells += [{"cell_type": "code", "metadata": meta, "source": text, "outputs": [],
+                   "execution_count": None}] if text is not None else []
+    return json.dumps({"nbformat": 4, "nbformat_minor": 5, "metadata": {}, "cells": cells})
 
 
 @pytest.fixture(scope="module")
@@ -31,6 +48,8 @@ def graded(tmp_path_factory):
     folder, out = tmp_path_factory.mktemp("triton"), tmp_path_factory.mktemp("triton_out")
     for kind, section in SECTIONS.items():
         (folder / f"{kind}.ipynb").write_text(notebook(section.source))
+    for kind, other in TAMPERING.items():
+        (folder / f"{kind}.ipynb").write_text(notebook(SECTIONS["solution"].source, other))
     run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(folder), "--tests",
                           str(GRADER), "--json", str(out), "--jobs", "2", "--seed", "3"],
                          cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -52,6 +71,15 @@ def test_stub_wrong_and_cheat_score_zero(graded, kind, message):
     assert all(message in t["output"] for t in graded[kind]["tests"]), graded[kind]["tests"]
 
 
+@pytest.mark.parametrize("kind, message", [("tamper_named", "names `InterpreterBuilder`, "
+                                                          "`interpreter`"),
+                                           ("tamper_computed", "a cell changed Triton's "
+                                                               "interpreter")])
+def test_a_cell_reaching_the_interpreter_stops_the_kernel(graded, kind, message):
+    assert graded[kind]["score"] == 0
+    assert all(message in t["output"] for t in graded[kind]["tests"]), graded[kind]["tests"]
+
+
 def test_check_runs_every_case_in_process(monkeypatch, capsys, tmp_path):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     spec = importlib.util.spec_from_file_location("_triton_fixture_grader", GRADER)
@@ -69,3 +97,66 @@ def test_check_runs_every_case_in_process(monkeypatch, capsys, tmp_path):
             with pytest.raises(AssertionError, match="3 of 3 tests fail"):
                 check(namespace["add_kernel"], seed=1)
             assert capsys.readouterr().out.count("✗") == 3
+
+
+# ---------------------------------------------------------------- the traffic of a launch
+
+TWICE = SECTIONS["solution"].source.replace(
+    "x = tl.load(x_ptr + offsets, mask=mask)",
+    "x = tl.load(x_ptr + offsets, mask=mask) + 0 * tl.load(x_ptr + offsets, mask=mask)")
+
+
+def _traffic(monkeypatch, tmp_path, source: str, *args):
+    """The LaunchTraffic of ``add_kernel`` from ``source`` launched in this process."""
+    from autograder.boundary.launching import launch
+    from autograder.boundary.traffic import LaunchTraffic
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    path = tmp_path / "kernel.py"   # Triton reads a kernel's source from its file
+    path.write_text(source)
+    namespace = {"__name__": "__learner__"}
+    exec(compile(source, str(path), "exec"), namespace)
+    n = args[3]
+    _, measured = launch(namespace["add_kernel"], (-(-n // 64),), args, {"BLOCK": 64})
+    return LaunchTraffic.from_wire(measured)
+
+
+def test_a_launch_counts_each_elements_loads_and_stores(monkeypatch, tmp_path):
+    n = 3 * 64 + 17
+    x = torch.randn(n + 6)[4:4 + n]           # a view with an offset into its storage
+    y, out = torch.randn(n), torch.full((n + 3,), float("nan"))
+    traffic = _traffic(monkeypatch, tmp_path, SECTIONS["solution"].source, x, y, out, n)
+    assert traffic[0].reads.shape == (n,) and traffic[0].reads.eq(1).all(), traffic[0].reads
+    assert traffic[1].reads.eq(1).all() and not traffic[0].writes.any()
+    assert traffic[2].writes[:n].eq(1).all() and not traffic[2].writes[n:].any(), \
+        "the masked-off lanes of the last block were counted as stores"
+    assert not traffic[2].reads.any() and traffic.outside_reads == traffic.outside_writes == 0
+    assert (traffic[0].most_reads, traffic[0].widest_read, traffic[2].most_writes) == (1, 64, 1)
+    twice = _traffic(monkeypatch, tmp_path, TWICE, x, y, out, n)
+    assert twice[0].reads.eq(2).all() and twice[0].most_reads == 2 and twice[1].most_reads == 1
+
+
+def test_accesses_are_counted_per_element_of_a_strided_argument():
+    from autograder.boundary.traffic import LaunchTraffic, Recording
+    storage = torch.zeros(4, 6)
+    column = storage[:, 2]                    # stride 6, offset 2
+    record = Recording({0: column, "other": torch.zeros(3)})
+    address = lambda i: column.data_ptr() + 4 * 6 * i     # noqa: E731 - row i of the column
+    record.access("reads", numpy.array([address(1), address(3), address(3)], dtype=numpy.uint64),
+                  None)
+    record.access("reads", numpy.array([address(0), address(2)], dtype=numpy.uint64),
+                  numpy.array([False, True]))
+    record.access("writes", numpy.array([8], dtype=numpy.uint64), None)   # no argument's
+    traffic = LaunchTraffic.from_wire(record.wire())
+    assert traffic[0].reads.tolist() == [0, 1, 1, 2] and traffic[0].most_reads == 2
+    assert traffic[0].widest_read == 3 and not traffic["other"].reads.any()
+    assert (traffic.outside_reads, traffic.outside_writes) == (0, 1)
+
+
+def test_a_changed_interpreter_builder_is_found(monkeypatch):
+    from triton.runtime.interpreter import InterpreterBuilder
+    from autograder.boundary import traffic
+    traffic.install()
+    assert traffic.tampered() == []
+    hook = vars(InterpreterBuilder)["create_masked_load"]
+    monkeypatch.setattr(InterpreterBuilder, "create_masked_load", hook.__closure__[0].cell_contents)
+    assert traffic.tampered() == ["InterpreterBuilder.create_masked_load"]

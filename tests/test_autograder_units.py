@@ -539,11 +539,24 @@ def k(x, out, n, BLOCK: tl.constexpr):
 '''
 
 
-def test_kernel_rules_tell_one_pass_from_two_and_fixed_tiles():
-    from autograder.rules.kernel_rules import fixed_size_aranges, key_loops, rescales_in_loop
-    assert len(key_loops(ONE_PASS, "k")) == 1 and rescales_in_loop(ONE_PASS, "k") is True
-    assert len(key_loops(TWO_PASS, "k")) == 2 and rescales_in_loop(TWO_PASS, "k") is None
+def test_kernel_rules_find_the_loops_and_fixed_tiles():
+    """The static looks left as early messages (a second pass is seen in the traffic:
+    tests/test_autograder_triton.py)."""
+    from autograder.rules.kernel_rules import fixed_size_aranges, key_loops
+    assert len(key_loops(ONE_PASS, "k")) == 1 and len(key_loops(TWO_PASS, "k")) == 2
     assert fixed_size_aranges(ONE_PASS, "k") == []
     assert len(fixed_size_aranges(TWO_PASS, "k")) == 1 and "128" in fixed_size_aranges(TWO_PASS, "k")[0]
-    no_rescale = ONE_PASS.replace("s * tl.exp(m - m_new) + ", "s + ")
-    assert rescales_in_loop(no_rescale, "k") is False
+
+
+@pytest.mark.parametrize("cell, named", [
+    ("import triton.runtime.interpreter as ti\n", "`interpreter`"),
+    ("from triton.runtime import interpreter\n", "`interpreter`"),
+    ("B = __import__('triton').runtime.InterpreterBuilder\n", "`InterpreterBuilder`"),
+    ("x = 'triton.runtime.Interpreter'\n", "`interpreter`"),
+    ("def f(b):\n    b.create_masked_load = None\n", "`create_masked_load`"),
+    ("def f():\n    'runs in the interpreter'\n    return 1\n", None),
+])
+def test_a_cell_naming_the_interpreters_internals_stops_every_kernel(cell, named):
+    from autograder.rules.kernel_rules import interpreter_reach
+    problem = interpreter_reach([("kern", KERNEL_HEAD), ("other", cell)])
+    assert (problem is None) if named is None else (named in problem and "`other`" in problem), problem

@@ -10,6 +10,8 @@ triton and the other modules of this side or of the wire, never ``reference``, n
 - ``guard``      forbidden functions made to raise while their exercise is graded
 - ``proxies``    the learner's stand-ins for the grader's models and caches
 - ``launching``  a Triton kernel launched on the grader's CPU tensors (interpreted or on a GPU)
+- ``traffic``    an interpreted launch's loads and stores per tensor argument (read grader side
+                 as ``LaunchTraffic``)
 - ``causes``     a learner exception as the one-line cause a failed test shows
 
 The wire (both sides): ``protocol`` (length-prefixed ``torch.save`` messages, read with

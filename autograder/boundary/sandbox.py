@@ -30,7 +30,8 @@ from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delet
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
 from autograder.boundary.refs import Handle, from_wire, to_wire
 from autograder.boundary.store import GraderSideTrace, ReferenceStore
-from autograder.rules.kernel_rules import cell_problem
+from autograder.boundary.traffic import LaunchTraffic
+from autograder.rules.kernel_rules import cell_problem, interpreter_reach
 from autograder.rules.operations import allowed_operations, refusal_message
 
 __all__ = ["SandboxLearner", "SandboxUnavailable", "EnvironmentProblem", "kill_all"]
@@ -64,6 +65,7 @@ class SandboxLearner(GraderSideTrace):
         self.store = ReferenceStore()
         self.exercise = None
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
+        self.last_traffic: LaunchTraffic | None = None   # the last launch's loads and stores
         self._handles: set[int] = set()
         self._spawned = False
         self.mode, uid, self.isolation = choose_mode(isolate)
@@ -149,7 +151,7 @@ class SandboxLearner(GraderSideTrace):
 
     # -- one request, within the time limits ---------------------------------------------------
     def _request(self, request: dict) -> Any:
-        self.largest_allocation = 0
+        self.largest_allocation, self.last_traffic = 0, None
         self.budget.require()
         limit = self.timeout if self.exercise is None or self.exercise.timeout is None \
             else self.exercise.timeout
@@ -173,6 +175,7 @@ class SandboxLearner(GraderSideTrace):
             raise LearnerError(str(reply.get("error", "unknown error"))[:2000])
         largest = reply.get("largest")
         self.largest_allocation = int(largest) if isinstance(largest, int) else 0
+        self.last_traffic = LaunchTraffic.from_wire(reply.get("traffic"))
         return from_wire(reply.get("value"))
 
     def take_output(self) -> str:
@@ -233,9 +236,11 @@ class SandboxLearner(GraderSideTrace):
 
     def launch(self, kernel: str, grid: tuple[int, ...], *args: Any, **kwargs: Any) -> list:
         """Run the learner's Triton kernel ``kernel[grid](*args, **kwargs)``; returns ``args``
-        as they are after the launch (the kernel's outputs are written into them). A kernel
-        cell that is not plain Triton code (``kernel_rules.cell_problem``) is refused unrun."""
-        problem = cell_problem(self.cell_source(kernel), kernel)
+        as they are after the launch (the kernel's outputs are written into them); its loads and
+        stores are then in ``last_traffic`` (None when the kernel ran compiled). A kernel cell
+        that is not plain Triton code (``kernel_rules.cell_problem``) is refused unrun, and so is
+        every kernel while a cell names the interpreter's internals (``interpreter_reach``)."""
+        problem = cell_problem(self.cell_source(kernel), kernel) or interpreter_reach(self.cells)
         if problem:
             raise LearnerError(problem)
         return self._call_named(kernel, {"op": "launch", "name": kernel,

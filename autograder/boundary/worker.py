@@ -10,7 +10,8 @@ back, read-only; with ``uid`` drop to that unprivileged user and group (all
 capabilities go) and set no_new_privs; with Landlock, allow writes only in the private
 temporary directory (and, without namespaces, reads only beneath ``show``); fork (the
 parent only relays the exit status, so that killing "the parent" cannot reach the grader); set
-rlimits; install the forbidden-function guard; forget ``reference``/``autograder`` and block
+rlimits; install the forbidden-function guard and the count of Triton kernels' loads and stores
+(``traffic``); forget ``reference``/``autograder`` and block
 importing them; import what learner code may import (``check_imports``: on failure the worker
 says why and exits with ``ENVIRONMENT_BROKEN``, and the grader refuses to grade). Then learner
 code runs.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import importlib.util
 import json
 import linecache
 import math
@@ -41,6 +43,7 @@ from autograder.boundary.confine import drop_privileges, landlock, lock_down, re
 from autograder.boundary.causes import describe
 from autograder.boundary.guard import ForbiddenOperationError, Guard, limits_paused, operation_limit
 from autograder.boundary.launching import launch
+from autograder.boundary import traffic
 from autograder.boundary.protocol import decode, encode, read_message, write_message
 from autograder.boundary.proxies import LearnerSide
 
@@ -150,6 +153,12 @@ class Worker:
                           "Tensor": Tensor}
         self.side = LearnerSide(self.remote)
         self.guard = Guard(forbid).install()
+        if importlib.util.find_spec("triton") is not None:
+            # before any cell: the kernels' loads and stores are counted, and whatever the
+            # count and the launch rest on is remembered (traffic.tampered)
+            traffic.install({"worker": globals(), "Worker": vars(Worker),
+                             "launching": launch.__globals__})
+        self.traffic: dict | None = None
         self.cells = Path(tmp) / CELL_DIR
         self.cells.mkdir(exist_ok=True)
 
@@ -182,7 +191,13 @@ class Worker:
                 kernel = self._lookup(request["name"])
                 if type(kernel) not in triton_kernel_types():  # exact types: no look-alike class
                     raise TypeError(f"`{request['name']}` must be a @triton.jit kernel")
-                return self.side.result(launch(kernel, request["grid"], args, kwargs))
+                changed = traffic.tampered()
+                if changed:
+                    raise PermissionError(
+                        f"a cell changed Triton's interpreter ({', '.join(changed[:4])}): the "
+                        "grader counts a kernel's loads and stores there, so no kernel is launched")
+                after, self.traffic = launch(kernel, request["grid"], args, kwargs)
+                return self.side.result(after)
             if "handle" in request:
                 target = getattr(self.side.resolve(request["handle"]), request["attr"])
                 if request.get("get"):
@@ -200,13 +215,14 @@ class Worker:
             return self.side.result(value)
 
     def handle(self, request: dict) -> dict:
-        self.largest = 0
+        self.largest, self.traffic = 0, None
         try:
             if request["op"] == "exec":
                 value = self.exec_cell(request["grade_id"], request["source"])
             else:
                 value = self.call(request)
-            reply = {"op": "done", "ok": True, "value": value, "largest": self.largest}
+            reply = {"op": "done", "ok": True, "value": value, "largest": self.largest,
+                     "traffic": self.traffic}
         except ForbiddenOperationError as exc:
             reply = {"op": "done", "ok": False, "error": str(exc), "refused_ops": exc.names}
         except BaseException as exc:  # noqa: BLE001 - learner code may raise anything

@@ -18,9 +18,14 @@ So a kernel cell must be Triton code, which these rules check on the AST (nothin
 ``cell_problem`` applies these to any kernel; graders add their exercise's own rules with
 ``reachable_calls`` (an operation that counts only where it can run) and ``loop_problem`` (a loop
 over keys must step a whole tile at a time; ``require_tile_loop`` fails a grader test with it),
-``fixed_size_aranges`` (a tile whose size the cell fixes instead of the launcher's constexpr),
-``key_loops`` (one pass or two) and ``rescales_in_loop`` (the online softmax's running rescale:
-what tells a one-pass reduction from a two-pass one with the same numbers).
+``fixed_size_aranges`` (a tile whose size the cell fixes instead of the launcher's constexpr)
+and ``key_loops`` (whether there is a loop at all). These static looks are early, friendly
+messages; the technique itself is checked on what the kernel did: ``require_traffic`` reads the
+launch's loads and stores, counted by the interpreter (``autograder.boundary.traffic``), so a
+second pass over K shows as K read twice whatever the source looks like (a fake
+``l * tl.exp(m - m)`` fooled the static look for a running rescale this replaced).
+``interpreter_reach`` refuses every kernel while any cell names the interpreter's internals,
+where that count is kept.
 """
 from __future__ import annotations
 
@@ -29,6 +34,10 @@ import importlib
 import inspect
 import types
 from typing import Any
+
+import torch
+
+from autograder.rules.feedback import PrerequisiteFailed
 
 KERNEL_MODULES = {"triton", "triton.language", "math"}
 SAFE_BUILTINS = {"range", "min", "max", "float", "int", "bool", "abs", "len",
@@ -417,8 +426,8 @@ def fixed_size_aranges(source: str, kernel: str) -> list[str]:
 
 def key_loops(source: str, kernel: str) -> list[int] | None:
     """Line numbers of every ``for``/``while`` loop of ``kernel`` and of the jit functions it
-    calls (a split's keys are read in one pass when there is exactly one); None when
-    ``source`` has no @triton.jit function ``kernel``."""
+    calls (none: one tile is all the kernel reads); None when ``source`` has no @triton.jit
+    function ``kernel``."""
     tree = ast.parse(source)
     functions = _jit_functions(tree)
     if kernel not in functions or _unseen_callees(tree, kernel):
@@ -427,77 +436,105 @@ def key_loops(source: str, kernel: str) -> list[int] | None:
                   for n in ast.walk(f) if isinstance(n, (ast.For, ast.While)))
 
 
-def _exp_call(node: ast.AST) -> bool:
-    """``tl.exp(x)`` / ``tl.exp2(x)`` / ``tl.math.exp(x)`` / ``x.exp()`` of a non-constant x."""
-    if not isinstance(node, ast.Call):
-        return False
-    name = node.func.attr if isinstance(node.func, ast.Attribute) else \
-        node.func.id if isinstance(node.func, ast.Name) else ""
-    if name not in ("exp", "exp2"):
-        return False
-    argument = node.args[0] if node.args else getattr(node.func, "value", None)
-    return argument is not None and not all(
-        isinstance(n, (ast.Constant, ast.UnaryOp, ast.BinOp, ast.unaryop, ast.operator, ast.Load))
-        for n in ast.walk(argument))
+# ---------------------------------------------------------------- the interpreter's internals
+
+# Names that reach where the interpreter runs a kernel and ``autograder.boundary.traffic`` counts
+# its loads and stores (as names, attributes, imported modules or inside strings).
+INTERPRETER_NAMES = frozenset({
+    "interpreter", "InterpreterBuilder", "interpreter_builder", "interpreter_semantic",
+    "TritonSemantic", "semantic", "GridExecutor", "InterpretedFunction", "FunctionRewriter",
+    "libtriton", "create_load", "create_store", "create_masked_load", "create_masked_store",
+    "create_atomic_rmw", "create_atomic_cas", "set_grid_idx", "_patch_lang"})
 
 
-def _rescales(statements: list[ast.stmt], carried: set[str],
-              functions: dict[str, ast.FunctionDef], seen: set[str]) -> bool:
-    """Whether ``statements`` multiply a name of ``carried`` by an exp(...) factor (the call
-    itself or a name assigned from an expression holding one), as ``x = x * alpha + ...`` or
-    ``x *= alpha``, here or in a jit function they call with such a name as an argument."""
-    nodes = [n for s in statements for n in ast.walk(s)]
-    factors: set[str] = set()
-    for _ in range(3):                       # alpha = tl.exp(...); a2 = alpha[:, None]; ...
-        for node in nodes:
-            if isinstance(node, ast.Assign) and any(
-                    _exp_call(n) or (isinstance(n, ast.Name) and n.id in factors)
-                    for n in ast.walk(node.value)):
-                factors |= {t.id for t in node.targets if isinstance(t, ast.Name)}
-
-    def is_factor(node: ast.AST) -> bool:
-        return any(_exp_call(n) or (isinstance(n, ast.Name) and n.id in factors)
-                   for n in ast.walk(node))
-
-    def is_carried(node: ast.AST) -> bool:
-        while isinstance(node, ast.Subscript):
-            node = node.value
-        return isinstance(node, ast.Name) and node.id in carried
-
-    for node in nodes:
-        if isinstance(node, ast.AugAssign) and isinstance(node.op, ast.Mult) \
-                and is_carried(node.target) and is_factor(node.value):
-            return True
-        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.Mult) and (
-                (is_carried(node.left) and is_factor(node.right))
-                or (is_carried(node.right) and is_factor(node.left))):
-            return True
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
-                and node.func.id in functions and node.func.id not in seen:
-            helper = functions[node.func.id]
-            params = [a.arg for a in helper.args.posonlyargs + helper.args.args]
-            passed = {params[i] for i, a in enumerate(node.args[:len(params)]) if is_carried(a)}
-            passed |= {k.arg for k in node.keywords if k.arg and is_carried(k.value)}
-            if passed and _rescales(helper.body, passed, functions, seen | {helper.name}):
-                return True
-    return False
+def interpreter_reach(cells: list[tuple[str, str]]) -> str | None:
+    """Why no kernel may run while these ``(grade_id, source)`` cells are loaded: the first
+    cell that names the interpreter's internals (``INTERPRETER_NAMES``), or None. Any cell
+    counts, not only the kernel's: all of them run in the process the kernel runs in."""
+    for grade_id, source in cells:
+        try:
+            tree = ast.parse(source or "")
+        except SyntaxError:
+            continue
+        found = set()
+        docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)
+                      and isinstance(n.value, ast.Constant)}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Name):
+                found.add(node.id)
+            elif isinstance(node, ast.Attribute):
+                found.add(node.attr)
+            elif isinstance(node, ast.alias):
+                found.update(node.name.split("."))
+            elif isinstance(node, ast.ImportFrom) and node.module:
+                found.update(node.module.split("."))
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
+                    and id(node) not in docstrings:
+                found.update(n for n in INTERPRETER_NAMES if n.lower() in node.value.lower())
+        named = sorted(found & INTERPRETER_NAMES)
+        if named:
+            return (f"no kernel was run: your `{grade_id}` cell names "
+                    f"{', '.join(f'`{n}`' for n in named)}, Triton's interpreter, where the "
+                    "grader counts a kernel's loads and stores. No cell may reach it; write the "
+                    "kernel with tl.* only")
+    return None
 
 
-def rescales_in_loop(source: str, kernel: str) -> bool | None:
-    """Whether the one key loop of ``kernel`` (or of a jit function it calls) multiplies a
-    running value (assigned before the loop and again inside it) by an ``exp(...)`` factor,
-    the online softmax's ``acc * exp(m_old - m_new)``; None when there is not exactly one loop
-    (see ``key_loops``). A static look: a two-pass reduction (the max first, then the sums) has
-    the same numbers, and only its code shows that it never rescales."""
-    tree = ast.parse(source)
-    functions = _jit_functions(tree)
-    loops = [(f, n) for f in _reachable(kernel, functions) for n in ast.walk(f)
-             if isinstance(n, (ast.For, ast.While))]
-    if len(loops) != 1 or _unseen_callees(tree, kernel):
-        return None
-    function, loop = loops[0]
-    inside = {n.id for n in ast.walk(loop) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-    before = {n.id for n in ast.walk(function) if isinstance(n, ast.Name)
-              and isinstance(n.ctx, ast.Store) and n.lineno < loop.lineno}
-    before |= {a.arg for a in function.args.posonlyargs + function.args.args}
-    return _rescales(loop.body, inside & before, functions, {function.name})
+# ---------------------------------------------------------------- what a launch read and wrote
+
+def require_traffic(learner: Any, kernel: str, *, rule: str,
+                    reads: dict[str, tuple[Any, torch.Tensor, str, str]],
+                    outputs: dict[str, Any], tiles: dict[str, tuple[int, str]] | None = None) -> None:
+    """``PrerequisiteFailed(..., rule=rule)`` when the last launch of ``kernel`` moved memory
+    other than its technique does; nothing when the launch was not counted (compiled).
+
+    reads: name -> (argument key, the most times each element may be loaded over the launch
+      (an int tensor shaped as the argument), what "once" is per, e.g. "per split", advice).
+      No program may load one element twice, and no element more often than allowed.
+    outputs: name -> argument key; an output is stored at most once per element, never loaded.
+    tiles: name -> (the most elements one load of it may bring in, what a tile is).
+    Every argument not in ``outputs`` is an input, never stored; nothing outside the arguments
+    is touched."""
+    traffic = getattr(learner, "last_traffic", None)
+    if traffic is None:
+        return
+
+    def fail(message: str) -> None:
+        raise PrerequisiteFailed(f"{kernel}: {message}", rule=rule)
+
+    if traffic.outside_reads or traffic.outside_writes:
+        fail(f"your kernel loaded {traffic.outside_reads} and stored {traffic.outside_writes} "
+             "elements outside the tensors it was given; a kernel touches only its arguments")
+    for name, (key, allowed, per, advice) in reads.items():
+        counted = traffic[key]
+        if int(allowed.sum()) and not int(counted.reads.sum()):
+            fail(f"no load of {name} was counted: the kernel read it some other way than "
+                 "tl.load, or the interpreter's count was tampered with")
+        ratio = float(counted.reads.sum()) / max(float(allowed.sum()), 1.0)
+        if counted.most_reads > 1:
+            fail(f"your kernel read {name} {ratio:.2f} times {per}; {advice} (one program "
+                 f"loaded the same element of {name} {counted.most_reads} times)")
+        beyond = int((counted.reads > allowed).sum())
+        if beyond:
+            fail(f"your kernel read {beyond} elements of {name} more often than the technique "
+                 f"does ({name} read {ratio:.2f} times {per}); {advice}")
+    for name, (most, what) in (tiles or {}).items():
+        widest = traffic[reads[name][0]].widest_read
+        if widest > most:
+            fail(f"one load of {name} brought in {widest} elements; a tile is {what} ({most} "
+                 "elements): loop over the tiles, one tile per load")
+    output_keys = {key: name for name, key in outputs.items()}
+    input_keys = {entry[0]: name for name, entry in reads.items()}
+    for key, counted in traffic.arguments.items():
+        name = output_keys.get(key)
+        if name is not None and int(counted.reads.sum()):
+            fail(f"your kernel loaded {name}, an output: running values stay in registers; "
+                 "nothing (no scores, no partial result) goes through memory and back")
+        most_writes = int(counted.writes.max()) if counted.writes.numel() else 0
+        if name is not None and most_writes > 1:
+            fail(f"your kernel stored one element of {name} {most_writes} times: "
+                 "store each output once, at the end, from registers")
+        if name is None and int(counted.writes.sum()):
+            fail(f"your kernel stored {int(counted.writes.sum())} elements into "
+                 f"{input_keys.get(key, f'argument {key}')}, an input: a kernel's only memory "
+                 "for results is its outputs")

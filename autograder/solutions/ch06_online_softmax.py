@@ -86,7 +86,8 @@ def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: 
     same for out. BLOCK is a power of two >= n_cols, so the whole row fits in one block: load
     it (lanes past n_cols must not count), subtract the row max, exponentiate, divide by the
     sum, store only the n_cols real entries. Compute in float32; store in out's dtype. Entries
-    may be -inf; every row has at least one finite entry. No loops: the row is one block.
+    may be -inf; every row has at least one finite entry. No loops: the row is one block,
+    loaded once.
     """
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)

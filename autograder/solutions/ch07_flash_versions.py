@@ -12,8 +12,12 @@ def pick_flash(gpu: str, training: bool, head_dim: int = 64) -> tuple[int, str]:
     "L40S", "RTX 4090", "H100", "H200", "H800", "B200", "GB200" (any upper/lower case).
     training: True for training (forward and backward passes), False for inference (forward).
     head_dim: the attention head dimension, a multiple of 8 from 8 to 128.
-    version: 1, 2, 3 or 4, or 0 when no FlashAttention version supports the case.
-    reason: one sentence that names the GPU's architecture generation (e.g. "Ampere").
+    version: 1, 2, 3 or 4, or 0 when no FlashAttention version supports the case; where several
+    run, the newest one written for the GPU's generation (FA4 also runs on Hopper, but FA3 is the
+    one written for Hopper).
+    reason: one sentence that names the GPU's architecture generation (e.g. "Ampere") and what
+    decides the version on it: the feature or limit that rules a newer version out (or that the
+    chosen one is built on), and the head dim where training on Turing.
     Raises ValueError for an unknown GPU or a bad head_dim, TypeError if training is not a bool.
     """
     generations = {"P100": "Pascal", "V100": "Volta", "T4": "Turing", "RTX 2080": "Turing",
@@ -35,11 +39,11 @@ def pick_flash(gpu: str, training: bool, head_dim: int = 64) -> tuple[int, str]:
     if generation == "Turing":
         if training and head_dim > 64:
             return 0, "Turing: FA1's backward above head dim 64 needs an A100/H100, FA2 needs Ampere"
-        return 1, "Turing: only FlashAttention 1.x runs on it"
+        return 1, "Turing: FA2 needs Ampere; FA1 runs here (and trains up to head dim 64)"
     if generation in ("Ampere", "Ada"):
         return 2, f"{generation}: FlashAttention-2; FA3 is Hopper-only"
     if generation == "Hopper":
-        return 3, "Hopper: FlashAttention-3 was written for it"
+        return 3, "Hopper: FlashAttention-3 was written for its TMA and WGMMA"
     return 4, "Blackwell: FlashAttention-4 targets its asynchronous MMA and tensor memory"
 
 
@@ -109,6 +113,7 @@ def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
     of K/V head head // (n_q_heads // n_kv_heads), BLOCK_N keys at a time, to the state
     m = max score, l = sum exp(score - m), o = sum exp(score - m) v (not divided by l), where
     score = (q . k) * sm_scale. A split without keys writes m = -inf, l = 0, o = 0.
+    One pass: each key of the split is loaded once, one BLOCK_N tile per load.
     """
     row = tl.program_id(0)
     split = tl.program_id(1)

@@ -21,9 +21,14 @@ from reference.decoding import generate, naive_work as reference_naive_work
 from reference.model import build_tiny
 
 VOCAB = 256  # the tiny model's vocabulary (byte tokenizer)
+# torch's attention under its public names, and the attention modules: the quantizable
+# MultiheadAttention of torch.ao (bmm and softmax in Python, which the operation limit allows)
+# is guarded on its class, however the cell got one (torch.ao.quantization.prepare).
 FORBIDDEN_ATTENTION = ["torch.nn.functional.scaled_dot_product_attention",
                        "torch.nn.functional.multi_head_attention_forward",
-                       "torch.nn.attention.flex_attention.flex_attention"]
+                       "torch.nn.attention.flex_attention.flex_attention",
+                       "torch.nn.MultiheadAttention",
+                       "torch.ao.nn.quantizable.MultiheadAttention._forward_impl"]
 
 
 # --------------------------------------------------------------------------- naive_work

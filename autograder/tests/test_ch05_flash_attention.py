@@ -15,7 +15,10 @@ larger than that limit even in float32, so neither the whole matrix nor a query 
 of scores fit and only a tiled computation finishes; softmax and the one-line normalisers
 (logsumexp, logcumsumexp, log_softmax, softmin, SDPA, flex_attention) are forbidden;
 the kernel cell must be Triton code (``autograder.rules.kernel_rules``) with a reachable ``tl.dot`` and a
-loop stepping whole key tiles.
+loop stepping whole key tiles, and its loads and stores, counted by the interpreter, must be flash
+attention's: each program reads its query tile once and each key tile it needs once (causal:
+the tiles past its last visible key not at all), one tile per load, and stores out and lse once,
+never reading them back (no score matrix in memory).
 """
 from __future__ import annotations
 
@@ -35,6 +38,7 @@ from autograder.rules.kernel_rules import (
     kernel_source,
     loop_problem,
     reachable_calls,
+    require_traffic,
 )
 from autograder.rules.plugin import exercise
 from reference.kernels.flash_attention import hbm_bytes
@@ -511,6 +515,33 @@ def _require_tiles(learner) -> None:
                              "tile operations")
 
 
+def _require_flash_traffic(learner, q_buf, k_buf, n_q: int, n_k: int, group: int, causal: bool) -> None:
+    """PrerequisiteFailed unless each program (query tile t, head h) loaded its query tile once
+    and each K/V element of head h // group at most once, only up to the end of the key tile
+    holding the tile's last visible key (causal), one tile per load, and stored out and lse once."""
+    tiles = torch.arange(-(-n_q // BLOCK_M))
+    last = torch.clamp((tiles + 1) * BLOCK_M, max=n_q) + (n_k - n_q) if causal else \
+        torch.full_like(tiles, n_k)
+    ends = torch.clamp(-(-last // BLOCK_N) * BLOCK_N, max=n_k)
+    kv_reads = torch.zeros(k_buf.shape, dtype=torch.int32)
+    kv_reads[:k_buf.shape[0] - SPARE_HEADS, :n_k] = group * (torch.arange(n_k)[:, None] < ends).sum(1)[:, None]
+    q_reads = torch.zeros(q_buf.shape, dtype=torch.int32)
+    q_reads[:q_buf.shape[0] - SPARE_HEADS, :n_q] = 1
+    advice = ("a program loads its query tile once and each key tile it needs once, keeping the "
+              "running max, sum and output per row (no first pass for the max)"
+              + ("; causal: the key tiles after the query tile's last visible key are skipped, "
+                 "not loaded" if causal else ""))
+    require_traffic(learner, "flash_attention_fwd_kernel",
+                    rule="flash attention reads K and V once per query tile",
+                    reads={"Q": (0, q_reads, "in all", advice),
+                           "K": (1, kv_reads, "per query tile", advice),
+                           "V": (2, kv_reads, "per query tile", advice)},
+                    outputs={"out": 3, "lse": 4},
+                    tiles={"Q": (BLOCK_M * HEAD_DIM, f"BLOCK_M={BLOCK_M} rows of HEAD_DIM={HEAD_DIM}"),
+                           "K": (BLOCK_N * HEAD_DIM, f"BLOCK_N={BLOCK_N} keys of HEAD_DIM={HEAD_DIM}"),
+                           "V": (BLOCK_N * HEAD_DIM, f"BLOCK_N={BLOCK_N} keys of HEAD_DIM={HEAD_DIM}")})
+
+
 @exercise("flash_attention_fwd_kernel", points=5, timeout=60)
 @pytest.mark.parametrize("case", list(KERNEL_CASES))
 def test_flash_kernel_matches_attention(learner, seed, case):
@@ -538,6 +569,7 @@ def test_flash_kernel_matches_attention(learner, seed, case):
     spare = got_out[:, n_q:]
     if not torch.isnan(spare).all():
         raise AssertionError(f"{name}: the kernel wrote rows >= n_queries of out; mask the store")
+    _require_flash_traffic(learner, q_buf, k_buf, n_q, n_k, group, causal)
 
 
 # ------------------------------------------------------------------------- flash_hbm_bytes

@@ -10,7 +10,10 @@ columns the learner never sees and states the grader picks, on interleaved row b
 compared with the state of the columns read by then (right last state, wrong earlier ones:
 ``PrerequisiteFailed``). Every row batch shows every property (``_rows``). The kernel runs
 in the learner's process under ``TRITON_INTERPRET=1`` (natively where CUDA is available); this
-file owns its launcher (grid, BLOCK, strides) and poisons every output element with NaN.
+file owns its launcher (grid, BLOCK, strides) and poisons every output element with NaN. With the
+whole row in one block, the row is in registers after one load: the kernel's loads and stores,
+counted by the interpreter, must read each entry of x once and store each output once
+(``kernel_rules.require_traffic``; a second load of the row for the exponentials fails).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import PrerequisiteFailed, assert_close
 from autograder.rules.forbid import SOFTMAX_FAMILY
 from autograder.rules.inputs import generator, randint
+from autograder.rules.kernel_rules import require_traffic
 from autograder.rules.plugin import exercise
 from reference.kernels.torch_reference import merge_softmax_states as reference_merge
 
@@ -423,6 +427,18 @@ def _launch_softmax(learner, gen, case):
     return x[:, :n_cols].double(), got.cpu(), n_cols, block
 
 
+def _require_one_load(learner, rows: int, n_cols: int) -> None:
+    """PrerequisiteFailed unless the launch read each of the n_cols entries of every row of x
+    (a [rows, n_cols + 3] buffer) once and stored each output once, without loading it."""
+    once = torch.zeros(rows, n_cols + 3, dtype=torch.int32)
+    once[:, :n_cols] = 1
+    require_traffic(learner, "softmax_kernel", rule="the row is loaded once",
+                    reads={"x": (0, once, "per row", "the whole row fits in one BLOCK, so after "
+                                 "one tl.load it is in registers: take its max, exponentiate and "
+                                 "sum from there, without loading it again")},
+                    outputs={"out": 1})
+
+
 @exercise("softmax_kernel", points=4, forbid=SOFTMAX_FUNCTIONS, timeout=60)
 @pytest.mark.parametrize("case", ["random", "large", "minus_inf", "float16"])
 def test_softmax_kernel(learner, seed, case):
@@ -449,3 +465,4 @@ def test_softmax_kernel(learner, seed, case):
     if not got[:, n_cols:].isnan().all():
         raise AssertionError(f"softmax_kernel wrote past the end of a row ({n_cols} columns, the "
                              "row stride is larger): mask the store with cols < n_cols")
+    _require_one_load(learner, x.shape[0], n_cols)

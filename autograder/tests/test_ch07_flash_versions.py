@@ -9,9 +9,11 @@ the merged output against attention in float64. ``decode_partial_kernel`` runs u
 grader's launcher (grid, BLOCK_N and HEAD_DIM drawn per run, splits several tiles long with a
 ragged tail, outputs poisoned with NaN, under the interpreter when there is no GPU); every
 split's (m, l, o) it stores is compared with float64. When an answer is wrong, the grader
-computes what the usual slips produce and names the one that matches. The kernel's source must
-show one pass over the split's tiles with the running rescale (``kernel_rules``): a fixed tile
-or a two-pass reduction gives the same numbers, and only the code tells them apart.
+computes what the usual slips produce and names the one that matches. A fixed tile or a
+two-pass reduction gives the same numbers: the kernel's source must loop over tiles of BLOCK_N
+(``kernel_rules``, friendly early messages), and its loads and stores, counted by the
+interpreter, must be one pass's: each K and V element of a split read once by each query head's
+program, one tile per load, each state stored once (``kernel_rules.require_traffic``).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ from autograder.rules.feedback import PrerequisiteFailed, assert_close
 from autograder.rules.forbid import SOFTMAX_FAMILY
 from autograder.rules.inputs import generator, qkv, randint
 from autograder.rules.kernel_rules import (fixed_size_aranges, kernel_source, key_loops,
-                                           loop_problem, rescales_in_loop)
+                                           loop_problem, require_traffic)
 from autograder.rules.plugin import exercise
 from reference.kernels.torch_reference import naive_attention
 from reference.calculators.flash_versions import GPU_GENERATIONS, HEAD_DIMS, pick_flash
@@ -46,7 +48,24 @@ CATCH_ALL = 5           # a pick_flash reason naming this many generations was w
 
 # ------------------------------------------------------------------------------ pick_flash
 
-def _check_choice(learner, gpu: str, training: bool, head_dim: int) -> None:
+# What decides the version on each generation, besides the generation itself: the feature or
+# limit a reason must state (a pattern, case-insensitive) and how the grader says it.
+DECIDING = {
+    "Turing": (r"Ampere|FA-?2|FlashAttention[- ]?2",
+               "FlashAttention-2 (what rules it out: it needs Ampere or newer)"),
+    "Ampere": (r"Hopper|FA-?3|FlashAttention[- ]?3", "why not FlashAttention-3 (Hopper-only)"),
+    "Ada": (r"Hopper|FA-?3|FlashAttention[- ]?3", "why not FlashAttention-3 (Hopper-only)"),
+    "Hopper": (r"TMA|WGMMA|warp[- ]speciali[sz]|FP8|sm_?90|compute capability 9",
+               "the Hopper features FlashAttention-3 is built on (TMA, WGMMA, warp specialisation)"),
+    "Blackwell": (r"tensor memory|TMEM|tcgen05|asynchronous MMA|async MMA|sm_?100|"
+                  r"compute capability 10", "the Blackwell features FlashAttention-4 is built on "
+                  "(asynchronous MMA, tensor memory)"),
+}
+HEAD_DIM_WORDS = r"head[ _-]?dim|head dimension|\b64\b"
+
+
+def _check_choice(learner, gpu: str, training: bool, head_dim: int) -> str:
+    """The learner's version for one case, checked; returns its reason."""
     call = f"pick_flash({gpu!r}, training={training}, head_dim={head_dim})"
     got = learner.call("pick_flash", gpu, training, head_dim)
     expected = pick_flash(gpu, training, head_dim)
@@ -57,17 +76,39 @@ def _check_choice(learner, gpu: str, training: bool, head_dim: int) -> None:
     if got[0] != expected.version:
         raise AssertionError(f"{call} returned version {got[0]}, expected {expected.version}. "
                              f"Why: {expected.reason}")
-    generation = GPU_GENERATIONS[gpu]
+    return got[1]
+
+
+def _check_reason(gpu: str, training: bool, head_dim: int, reason: str) -> None:
+    """The reason names the GPU's generation, no other generation that gets the same version
+    here (a reason written from the version alone), and what decides the version on it."""
+    call = f"pick_flash({gpu!r}, training={training}, head_dim={head_dim})"
+    generation, version = GPU_GENERATIONS[gpu], pick_flash(gpu, training, head_dim).version
     named = {g for g in set(GPU_GENERATIONS.values())
-             if re.search(rf"\b{g}\b", got[1], flags=re.IGNORECASE)}
+             if re.search(rf"\b{g}\b", reason, flags=re.IGNORECASE)}
     if generation not in named:
-        raise AssertionError(f"{call}: the version is right, but the reason {got[1]!r:.80} should "
+        raise AssertionError(f"{call}: the version is right, but the reason {reason!r:.80} should "
                              f"name the GPU's architecture generation ({generation})")
     if len(named) >= CATCH_ALL:
         raise PrerequisiteFailed(
-            f"{call}: the reason {got[1]!r:.100} names {len(named)} architecture generations; a "
+            f"{call}: the reason {reason!r:.100} names {len(named)} architecture generations; a "
             f"reason says which one this GPU is ({generation}) and why that decides the version, "
             "so one written for every GPU at once says nothing", rule="a reason for this GPU")
+    alike = {GPU_GENERATIONS[g] for g in GPU_GENERATIONS
+             if pick_flash(g, training, head_dim).version == version} - {generation}
+    if named & alike:
+        raise AssertionError(
+            f"{call}: the reason {reason!r:.100} also names {', '.join(sorted(named & alike))}, "
+            f"which gets version {version} too: a reason written from the version alone. Say "
+            f"what decides it for this GPU, a {generation}")
+    if generation == "Turing" and training and not re.search(HEAD_DIM_WORDS, reason, re.IGNORECASE):
+        raise AssertionError(f"{call}: the reason {reason!r:.100} should say that the head "
+                             "dimension decides here: FlashAttention 1.x trains on Turing only up "
+                             "to head dim 64")
+    pattern, what = DECIDING.get(generation, ("", ""))
+    if not re.search(pattern, reason, re.IGNORECASE):
+        raise AssertionError(f"{call}: the reason {reason!r:.100} names {generation} but not what "
+                             f"decides the version there: {what}")
 
 
 @exercise("pick_flash", points=3)
@@ -77,6 +118,25 @@ def test_pick_flash_on_every_gpu_of_the_table(learner, seed):
         for training in (False, True):
             for head_dim in (64, 128, HEAD_DIMS[randint(gen, 0, len(HEAD_DIMS) - 1)]):
                 _check_choice(learner, gpu, training, head_dim)
+
+
+@exercise("pick_flash", points=3)
+def test_pick_flash_reason_states_what_decides(learner, seed):
+    """One GPU of every generation, drawn, for training and inference at drawn head dims (one
+    above 64 and one at most 64): a version shared by several generations (0: Pascal, Volta,
+    Turing training above 64; 2: Ampere, Ada) does not tell the reason which GPU it is."""
+    gen = generator(seed + 10)
+    by_generation: dict[str, list[str]] = {}
+    for gpu, generation in GPU_GENERATIONS.items():
+        by_generation.setdefault(generation, []).append(gpu)
+    small = [d for d in HEAD_DIMS if d <= 64]
+    large = [d for d in HEAD_DIMS if d > 64]
+    for gpus in by_generation.values():
+        gpu = gpus[randint(gen, 0, len(gpus) - 1)]
+        for training in (False, True):
+            for dims in (small, large):
+                head_dim = dims[randint(gen, 0, len(dims) - 1)]
+                _check_reason(gpu, training, head_dim, _check_choice(learner, gpu, training, head_dim))
 
 
 @exercise("pick_flash", points=3)
@@ -387,9 +447,9 @@ def _states(q, k, v, bounds, block_n: int, *, sm_scale: float, tile_end=None,
 
 
 def _method_problem(source: str | None, block_n: int) -> None:
-    """PrerequisiteFailed when the kernel's source does not reduce a split in one pass of
-    BLOCK_N-key tiles: a loop over single keys, a tile of a size the cell fixes, no loop, or
-    two passes (the numbers alone cannot tell these from the real thing)."""
+    """PrerequisiteFailed when the kernel's source does not loop over BLOCK_N-key tiles: a loop
+    over single keys, a tile of a size the cell fixes, no loop (the numbers alone cannot tell
+    these from the real thing; a second pass shows in the traffic, ``_require_one_pass``)."""
     if not source:
         return
     try:
@@ -417,13 +477,20 @@ def _method_problem(source: str | None, block_n: int) -> None:
             "happen to fit in it, and a split is chunk keys long, many tiles. Loop "
             "`for tile in range(start, end, BLOCK_N)` and update the running m, l, o per tile",
             rule=ONE_PASS)
-    if len(loops) > 1:
-        raise PrerequisiteFailed(
-            f"{KERNEL} has {len(loops)} loops over the keys (lines "
-            f"{', '.join(map(str, loops))}): a first pass for the max and a second for l and o "
-            "reads every key twice. Flash decoding reads each key once: keep a running max and, "
-            "when a tile raises it, multiply l and o by exp(m_old - m_new) before adding the tile",
-            rule=ONE_PASS)
+
+
+def _require_one_pass(learner, k: torch.Tensor, group: int, block_n: int) -> None:
+    """PrerequisiteFailed unless the launch read each K and V element once per query head of
+    its group (one program per head and split), one tile per load, and stored each state once."""
+    once = torch.full(k.shape, group, dtype=torch.int32)
+    advice = ("one pass with a running max reads it once: that is the point of the online "
+              "softmax (when a tile raises the max, multiply l and o by exp(m_old - m_new) "
+              "before adding the tile)")
+    require_traffic(learner, KERNEL, rule=ONE_PASS,
+                    reads={"K": (1, once, "per split", advice), "V": (2, once, "per split", advice)},
+                    outputs={"m": 3, "l": 4, "o": 5},
+                    tiles={name: (block_n * k.shape[-1], f"BLOCK_N={block_n} keys of HEAD_DIM="
+                                  f"{k.shape[-1]}") for name in ("K", "V")})
 
 
 def _launch(learner, q, k, v, bounds, chunk, block_n):
@@ -458,13 +525,7 @@ def _check_kernel(learner, gen, batch, heads, kv_heads, splits_with_keys, num_sp
     scale = 1 / math.sqrt(dim)
     want = _states(q, k, v, bounds, block_n, sm_scale=scale)
     if _same(got, want):
-        if source and rescales_in_loop(source, KERNEL) is False:
-            raise PrerequisiteFailed(
-                f"{KERNEL}: the numbers are right, but the loop over the tiles never multiplies "
-                "its running l and o by exp(m_old - m_new): it finds the max before it sums (two "
-                "passes in one loop), or sums one tile only. Flash decoding reads each key once: "
-                "when a tile raises the running max, rescale l and o by exp(m_old - m_new), then "
-                "add the tile's exp(score - m_new) terms", rule=ONE_PASS)
+        _require_one_pass(learner, k, heads // kv_heads, block_n)
         weight = torch.exp(got[0] - want[0].amax(-1, keepdim=True))   # the grader's merge
         out = (weight[..., None] * got[2]).sum(-2) / (weight * got[1]).sum(-1)[..., None]
         assert_close(out, _exact(q, k, v), name=f"merged output, {call}", rtol=1e-4, atol=1e-5)

@@ -9,7 +9,9 @@ and random logs). The attention exercises are compared with attention computed i
 this process over K/V gathered through the block table; when an answer is wrong the grader
 computes the usual slips (reading past context_lens, forgetting `* block_size`, the wrong K/V
 head) and names the one that matches. The Triton kernel runs under the grader's launcher with
-its output poisoned with NaN, in the interpreter when there is no GPU.
+its output poisoned with NaN, in the interpreter when there is no GPU, where its loads and stores
+are counted: each program reads exactly the slots its block table names for positions below its
+context length, each once, and stores its output row once (``kernel_rules.require_traffic``).
 """
 from __future__ import annotations
 
@@ -24,16 +26,19 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import assert_close
 from autograder.rules.inputs import generator, randint
-from autograder.rules.kernel_rules import require_tile_loop
+from autograder.rules.kernel_rules import require_tile_loop, require_traffic
 from autograder.rules.plugin import exercise
 from reference.attention import paged_attention
 from reference.calculators.fragmentation import WALKTHROUGH, WALKTHROUGH_BLOCK_SIZE, WALKTHROUGH_SLOTS, \
     ContiguousPool, PagedPool
 from reference.paging import BlockManager, OutOfBlocks
 
+# torch's attention, and the quantizable MultiheadAttention's (bmm and softmax in Python, allowed
+# operations), guarded on its class however a cell got one (torch.ao.quantization.prepare)
 FORBIDDEN = ["torch.nn.functional.scaled_dot_product_attention",
              "torch.nn.functional.multi_head_attention_forward",
-             "torch.nn.attention.flex_attention.flex_attention"]
+             "torch.nn.attention.flex_attention.flex_attention",
+             "torch.ao.nn.quantizable.MultiheadAttention._forward_impl"]
 
 
 # ------------------------------------------------------------------------------ PagedKVCache
@@ -486,6 +491,27 @@ def _without_output_rescale(q, k_cache, v_cache, tables, lens) -> torch.Tensor:
     return out
 
 
+def _require_named_blocks(learner, k_cache, tables, lens, group: int) -> None:
+    """PrerequisiteFailed unless the launch read each K/V slot of position p < context_lens[b]
+    through sequence b's block table once per query head of the group, and nothing else."""
+    block_size = k_cache.shape[1]
+    named = torch.zeros(k_cache.shape[:2], dtype=torch.int32)
+    for table, n in zip(tables, lens.tolist()):
+        slots = _slots(table, n, block_size)
+        named.view(-1).index_put_((slots,), torch.tensor(group, dtype=torch.int32), accumulate=True)
+    allowed = named[:, :, None, None].expand(k_cache.shape)
+    advice = ("a program walks its block table once, loading the slots of positions 0 .. "
+              "context_len - 1 (mask the rest of the last block in the load, not only in the "
+              "scores), one block at a time, with a running max, sum and output")
+    require_traffic(learner, "paged_decode_kernel", rule="read only the blocks the table names, once",
+                    reads={"K": (1, allowed, "per query head", advice),
+                           "V": (2, allowed, "per query head", advice)},
+                    outputs={"out": 3},
+                    tiles={name: (block_size * k_cache.shape[-1], f"one block: BLOCK_SIZE="
+                                  f"{block_size} slots of HEAD_DIM={k_cache.shape[-1]}")
+                           for name in ("K", "V")})
+
+
 def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share):
     q, k_cache, v_cache, tables, lens = _paged_inputs(gen, batch, heads, kv_heads, dim,
                                                       block_size, share)
@@ -511,6 +537,7 @@ def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share):
                              "multiply both l and the output o by exp(m_old - m_new) before "
                              "adding the block's terms; o was not rescaled")
     _check_paged(got, q, k_cache, v_cache, tables, lens, call)
+    _require_named_blocks(learner, k_cache, tables, lens, heads // kv_heads)
 
 
 @exercise("paged_decode_kernel", points=5, timeout=120)

@@ -82,6 +82,28 @@ def causal_attention(q, k, v):
     return fused(q, k, v, is_causal=True)[0]
 
 
+# %% grade_id: causal_attention | cheat: torch.ao.quantization.prepare swaps a TransformerEncoderLayer's attention for the quantizable one, whose Python attention (bmm, softmax) does the work; no attention module named
+# expect: `torch.ao.nn.quantizable.MultiheadAttention._forward_impl` is forbidden
+# expect score: 0
+def causal_attention(q, k, v):
+    T, D = q.shape[-2:]
+    dt = q.dtype
+    layer = torch.nn.TransformerEncoderLayer(D, 1, D, dropout=0.0).to(dt).train(False)
+    with torch.no_grad():
+        layer.self_attn.in_proj_weight.copy_(torch.eye(D, dtype=dt).repeat(3, 1))
+        layer.self_attn.in_proj_bias.zero_()
+        layer.self_attn.out_proj.weight.copy_(torch.eye(D, dtype=dt))
+        layer.self_attn.out_proj.bias.zero_()
+    observer = torch.ao.quantization.NoopObserver
+    layer.qconfig = torch.ao.quantization.QConfig(activation=observer, weight=observer)
+    torch.ao.quantization.prepare(layer, inplace=True)      # self_attn is the quantizable one now
+    fold = lambda t: t.reshape(-1, T, D).transpose(0, 1)      # noqa: E731 - [T, batch, D]
+    future = torch.ones(T, T, dtype=torch.bool).triu(1)
+    with torch.no_grad():
+        out, _ = layer.self_attn(fold(q), fold(k), fold(v), attn_mask=future, need_weights=False)
+    return out.transpose(0, 1).reshape(q.shape)
+
+
 # %% grade_id: causal_attention | cheat: returns a tensor of the right shape
 # expect: is not close to the expected values
 def causal_attention(q, k, v):

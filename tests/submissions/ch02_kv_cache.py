@@ -453,7 +453,7 @@ def decode_attention(q, k, v):
 
 
 # %% grade_id: decode_attention | cheat: the quantizable MultiheadAttention of torch.ao (its Python attention does the work)
-# expect: `torch.ao.nn.quantizable.MultiheadAttention`
+# expect: `torch.nn.MultiheadAttention`
 # expect score: 0
 def decode_attention(q, k, v):
     B, H, T, D = k.shape
@@ -466,6 +466,27 @@ def decode_attention(q, k, v):
         out, _ = mha(q.permute(2, 0, 1, 3).reshape(1, B, E), k.permute(2, 0, 1, 3).reshape(T, B, E),
                      v.permute(2, 0, 1, 3).reshape(T, B, E), need_weights=False)
     return out.reshape(1, B, H, D).permute(1, 2, 0, 3).contiguous()
+
+
+# %% grade_id: decode_attention | cheat: torch.ao.quantization.prepare swaps a TransformerEncoderLayer's attention for the quantizable one, whose Python attention (bmm, softmax) does the work; no attention module named
+# expect: `torch.ao.nn.quantizable.MultiheadAttention._forward_impl` is forbidden
+# expect score: 0
+def decode_attention(q, k, v):
+    B, H, T, D = k.shape
+    dt = q.dtype
+    layer = torch.nn.TransformerEncoderLayer(D, 1, D, dropout=0.0).to(dt).train(False)
+    with torch.no_grad():
+        layer.self_attn.in_proj_weight.copy_(torch.eye(D, dtype=dt).repeat(3, 1))
+        layer.self_attn.in_proj_bias.zero_()
+        layer.self_attn.out_proj.weight.copy_(torch.eye(D, dtype=dt))
+        layer.self_attn.out_proj.bias.zero_()
+    observer = torch.ao.quantization.NoopObserver
+    layer.qconfig = torch.ao.quantization.QConfig(activation=observer, weight=observer)
+    torch.ao.quantization.prepare(layer, inplace=True)      # self_attn is the quantizable one now
+    fold = lambda t: t.reshape(B * H, -1, D).transpose(0, 1)    # noqa: E731 - [L, B*H, D]
+    with torch.no_grad():
+        out, _ = layer.self_attn(fold(q), fold(k), fold(v), need_weights=False)
+    return out.transpose(0, 1).reshape(B, H, 1, D)
 
 
 # %% grade_id: decode_attention | cheat: returns the newest value vector

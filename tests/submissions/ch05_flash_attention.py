@@ -573,3 +573,34 @@ for _folder in (*map(pathlib.Path, filter(None, [__import__("os").environ.get("A
 
 def flash_hbm_bytes(n_queries, n_keys, head_dim, block_m, element_bytes=2):
     return _namespace["hbm_bytes"](n_queries, n_keys, head_dim, element_bytes, block_m)
+
+
+# %% grade_id: flash_attention_fwd_kernel | cheat: a first pass over K for each row's max, then the usual loop (K read twice, the numbers exact)
+# expect: your kernel read K 2.00 times per query tile
+# expect score: 0
+# replace:
+#     for start_n in range(0, end, BLOCK_N):
+#         cols = start_n + tl.arange(0, BLOCK_N)
+#         col_ok = cols < n_keys
+# with:
+#     for first_n in range(0, end, BLOCK_N):                  # a first pass for the row max
+#         cols = first_n + tl.arange(0, BLOCK_N)
+#         col_ok = cols < n_keys
+#         k = tl.load(k_ptr + kv_head * stride_kh + cols[:, None] * stride_kn + dims[None, :],
+#                     mask=col_ok[:, None], other=0.0)
+#         s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
+#         visible = col_ok[None, :]
+#         if CAUSAL:
+#             visible = visible & (cols[None, :] <= rows[:, None] + offset)
+#         m_i = tl.maximum(m_i, tl.max(tl.where(visible, s, float("-inf")), axis=1))
+#     for start_n in range(0, end, BLOCK_N):
+#         cols = start_n + tl.arange(0, BLOCK_N)
+#         col_ok = cols < n_keys
+
+# %% grade_id: flash_attention_fwd_kernel | wrong: causal, but every key tile is loaded and masked instead of skipped
+# expect: more often than the technique does
+# expect score: 0
+# replace:
+#         end = tl.minimum(n_keys, start_m + BLOCK_M + offset)   # later key tiles are all masked
+# with:
+#         end = n_keys                                            # no tile skipped

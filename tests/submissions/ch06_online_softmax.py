@@ -309,3 +309,23 @@ from reference.kernels.softmax import _softmax_kernel
 def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
     """Inlines the course's kernel (single-block path)."""
     _softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK, True)
+
+
+# %% grade_id: softmax_kernel | wrong: loads the row a second time for the exponentials
+# expect: your kernel read x 2.00 times per row
+# expect score: 0
+# replace:
+#     p = tl.exp(x - tl.max(x, axis=0))
+# with:
+#     again = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
+#     p = tl.exp(again - tl.max(x, axis=0))
+
+# %% grade_id: softmax_kernel | cheat: stores the exponentials into out and loads them back to divide (the output as scratch memory)
+# expect: your kernel loaded out, an output
+# expect score: 0
+# replace:
+#     out = p / tl.sum(p, axis=0)
+# with:
+#     tl.store(out_ptr + row * out_row_stride + cols, p.to(out_ptr.dtype.element_ty), mask=mask)
+#     back = tl.load(out_ptr + row * out_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+#     out = back / tl.sum(p, axis=0)

@@ -13,7 +13,7 @@ none may earn the exercise's full points.
 #     if generation == "Turing":
 #         if training and head_dim > 64:
 #             return 0, "Turing: FA1's backward above head dim 64 needs an A100/H100, FA2 needs Ampere"
-#         return 1, "Turing: only FlashAttention 1.x runs on it"
+#         return 1, "Turing: FA2 needs Ampere; FA1 runs here (and trains up to head dim 64)"
 # with:
 #     if generation in ("Pascal", "Volta", "Turing"):
 #         return 2, f"{generation}: FlashAttention-2 is the safe default"
@@ -32,7 +32,7 @@ none may earn the exercise's full points.
 # %% grade_id: pick_flash | wrong: FA4 on Hopper, since FA4 also runs there
 # expect: Hopper: FlashAttention-3
 # replace:
-#         return 3, "Hopper: FlashAttention-3 was written for it"
+#         return 3, "Hopper: FlashAttention-3 was written for its TMA and WGMMA"
 # with:
 #         return 4, "Hopper: FlashAttention-4 runs on it too"
 
@@ -61,6 +61,23 @@ none may earn the exercise's full points.
 #     version = pick_flash_version(generation, training, head_dim)[0]
 #     return version, ("FlashAttention covers Blackwell, Hopper, Ada, Ampere and Turing (FA1 only), "
 #                      "never Volta or Pascal")
+#
+#
+# def pick_flash_version(generation, training, head_dim):
+
+
+# %% grade_id: pick_flash | cheat: the right versions, each with a reason written from the version alone
+# expect: a reason written from the version alone
+# replace:
+#     generation = generations[name]
+# with:
+#     generation = generations[name]
+#     version = pick_flash_version(generation, training, head_dim)[0]
+#     return version, {0: "Pascal, Volta or Turing: no FlashAttention version runs this case",
+#                      1: "Turing: FA2 needs Ampere, so FA1 (it trains up to head dim 64)",
+#                      2: "Ampere or Ada: FA2 is the newest that runs; FA3 is Hopper-only",
+#                      3: "Hopper: FA3 is the newest that runs, built on its TMA and WGMMA",
+#                      4: "Blackwell: FA4 is the newest, built on its tensor memory"}[version]
 #
 #
 # def pick_flash_version(generation, training, head_dim):
@@ -440,7 +457,7 @@ def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
 
 
 # %% grade_id: decode_partial_kernel | cheat: two passes over the tiles (the max, then the sums), no running rescale
-# expect: loops over the keys
+# expect: your kernel read K 2.00 times per split
 # expect score: 0
 import triton
 import triton.language as tl
@@ -486,7 +503,7 @@ def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
 
 
 # %% grade_id: decode_partial_kernel | cheat: two passes in ONE loop over twice the split (max on the first lap, sums on the second)
-# expect: never multiplies its running l and o
+# expect: your kernel read K 2.00 times per split
 # expect score: 0
 import triton
 import triton.language as tl
@@ -529,7 +546,7 @@ def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
 
 
 # %% grade_id: decode_partial_kernel | cheat: a tile of BLOCK_N * BLOCK_N keys built from two BLOCK_N aranges, in a loop of one lap
-# expect: never multiplies its running l and o
+# expect: one load of K brought in
 # expect score: 0
 import triton
 import triton.language as tl
@@ -568,3 +585,70 @@ def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
     tl.store(m_ptr + state, m_i)
     tl.store(l_ptr + state, l_i)
     tl.store(o_ptr + state * HEAD_DIM + dims, o_i)
+
+
+# %% grade_id: decode_partial_kernel | cheat: two passes in ONE loop, with a fake running rescale l * exp(m - m) that looks like the online softmax's
+# expect: your kernel read K 2.00 times per split; one pass with a running max reads it once
+# expect score: 0
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def decode_partial_kernel(q_ptr, k_ptr, v_ptr, m_ptr, l_ptr, o_ptr,
+                          n_q_heads, n_kv_heads, n_keys, chunk, num_splits, sm_scale,
+                          HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr):
+    row = tl.program_id(0)
+    split = tl.program_id(1)
+    batch = row // n_q_heads
+    kv_head = (row % n_q_heads) // (n_q_heads // n_kv_heads)
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + row * HEAD_DIM + dims)
+    kv_base = (batch * n_kv_heads + kv_head).to(tl.int64) * n_keys * HEAD_DIM
+    start = split * chunk
+    end = tl.minimum(start + chunk, n_keys)
+    laps = tl.cdiv(end - start, BLOCK_N) * BLOCK_N
+    m_i = float("-inf")
+    l_i = 0.0
+    o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+    for step in range(start, start + 2 * laps, BLOCK_N):
+        second = step >= start + laps
+        tile = tl.where(second, step - laps, step)
+        keys = tile + tl.arange(0, BLOCK_N)
+        in_split = keys < end
+        offsets = kv_base + keys[:, None] * HEAD_DIM + dims[None, :]
+        k = tl.load(k_ptr + offsets, mask=in_split[:, None], other=0.0)
+        v = tl.load(v_ptr + offsets, mask=in_split[:, None], other=0.0)
+        scores = tl.where(in_split, tl.sum(q[None, :] * k, axis=1) * sm_scale, float("-inf"))
+        m_new = tl.where(second, m_i, tl.maximum(m_i, tl.max(scores, axis=0)))
+        rescale = tl.exp(m_new - m_new)                     # always 1: looks like exp(m_old - m_new)
+        p = tl.where(second, tl.exp(scores - m_new), 0.0)
+        l_i = l_i * rescale + tl.sum(p, axis=0)
+        o_i = o_i * rescale + tl.sum(p[:, None] * v, axis=0)
+        m_i = m_new
+    state = row * num_splits + split
+    tl.store(m_ptr + state, m_i)
+    tl.store(l_ptr + state, l_i)
+    tl.store(o_ptr + state * HEAD_DIM + dims, o_i)
+
+
+# %% grade_id: decode_partial_kernel | cheat: the first pass reads K through tl.atomic_add(ptr, 0.0), a load that is no tl.load
+# expect: your kernel read K 2.00 times per split
+# expect score: 0
+# replace:
+#     m_i = float("-inf")
+#     l_i = 0.0
+#     o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+#     for tile in range(start, end, BLOCK_N):
+# with:
+#     m_i = float("-inf")
+#     for tile in range(start, end, BLOCK_N):
+#         keys = tile + tl.arange(0, BLOCK_N)
+#         in_split = keys < end
+#         k = tl.atomic_add(k_ptr + kv_base + keys[:, None] * HEAD_DIM + dims[None, :], 0.0,
+#                           mask=in_split[:, None])
+#         scores = tl.where(in_split, tl.sum(q[None, :] * k, axis=1) * sm_scale, float("-inf"))
+#         m_i = tl.maximum(m_i, tl.max(scores, axis=0))
+#     l_i = 0.0
+#     o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+#     for tile in range(start, end, BLOCK_N):

@@ -377,3 +377,31 @@ class _Launcher:
 
 
 paged_decode_kernel = _Launcher()
+
+
+# %% grade_id: paged_decode_kernel | cheat: a first pass over the blocks for the max, then the usual loop (K read twice, the numbers exact)
+# expect: your kernel read K 2.00 times per query head
+# expect score: 0
+# replace:
+#     for logical in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
+#         block = tl.load(block_tables_ptr + batch * max_blocks + logical).to(tl.int64)
+# with:
+#     for first in range(0, tl.cdiv(context_len, BLOCK_SIZE)):      # a first pass for the max
+#         block = tl.load(block_tables_ptr + batch * max_blocks + first).to(tl.int64)
+#         seen = first * BLOCK_SIZE + offsets < context_len
+#         kv = ((block * BLOCK_SIZE + offsets)[:, None] * n_kv_heads + kv_head) * HEAD_DIM + dims[None, :]
+#         k = tl.load(k_cache_ptr + kv, mask=seen[:, None], other=0.0)
+#         m_i = tl.maximum(m_i, tl.max(tl.where(seen, tl.sum(q[None, :] * k, axis=1) * sm_scale,
+#                                               float("-inf")), axis=0))
+#     for logical in range(0, tl.cdiv(context_len, BLOCK_SIZE)):
+#         block = tl.load(block_tables_ptr + batch * max_blocks + logical).to(tl.int64)
+
+# %% grade_id: paged_decode_kernel | wrong: masks the scores past context_len but loads every slot of the last block (another sequence's or garbage)
+# expect: more often than the technique does
+# expect score: 0
+# replace:
+#         k = tl.load(k_cache_ptr + kv, mask=visible[:, None], other=0.0)
+#         v = tl.load(v_cache_ptr + kv, mask=visible[:, None], other=0.0)
+# with:
+#         k = tl.load(k_cache_ptr + kv)
+#         v = tl.load(v_cache_ptr + kv)
