@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from autograder.boundary.budget import TimeBudget
+from autograder.boundary.builds import BUILD_SECONDS, KernelBuilder
 from autograder.boundary.causes import LearnerError, OperationRefused
 from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delete_leftovers
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
@@ -66,6 +67,8 @@ class SandboxLearner(GraderSideTrace):
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self._handles: set[int] = set()
         self._spawned = False
+        self._builder: KernelBuilder | None = None   # the compile worker, at the first build
+        self.notes: list[str] = []                   # what a passing test adds to the report
         self.mode, uid, self.isolation = choose_mode(isolate)
         self._workdir = Path(tempfile.mkdtemp(prefix="autograder-worker-"))
         log = Path(tempfile.mkdtemp(prefix="autograder-log-")) / "output.txt"
@@ -139,7 +142,9 @@ class SandboxLearner(GraderSideTrace):
                         break  # the worker died: start again without this cell
 
     def close(self) -> None:
-        """Stop the worker, delete its working directory and whatever its user left behind."""
+        """Stop the workers, delete their working directories and whatever their users left."""
+        if self._builder is not None:
+            self._builder.close()
         self.worker.kill()
         LIVE.discard(self)
         shutil.rmtree(self._workdir, ignore_errors=True)
@@ -241,6 +246,25 @@ class SandboxLearner(GraderSideTrace):
         return self._call_named(kernel, {"op": "launch", "name": kernel,
                                          "grid": [int(g) for g in grid],
                                          "args": self._wire(args), "kwargs": self._wire(kwargs)})
+
+
+    def build_kernel(self, kernel: str, source: str, launches: list[list]) -> dict:
+        """Reports of ``source`` (``rules/gpu_targets.build_source``) built for every target at
+        each launch, by the compile worker (``boundary/builds.py``); its time counts against the
+        submission's budget."""
+        if self._builder is None:
+            self._builder = KernelBuilder(self.mode, self.uid, self.worker.hide, self.memory_mb)
+        self.budget.require()
+        with self.budget.charged():
+            return self._builder.build(source, kernel, launches, min(BUILD_SECONDS, self.budget.left))
+
+    def note(self, text: str) -> None:
+        """Add ``text`` to the report of the test that runs now (shown even when it passes)."""
+        self.notes.append(text)
+
+    def take_notes(self) -> str:
+        text, self.notes = "\n".join(self.notes), []
+        return text
 
 
 def _handles_in(value: Any) -> list[Handle]:
