@@ -6,12 +6,15 @@ from __future__ import annotations
 
 import ast
 import os
+import sys
 
 import pytest
 import torch
 
 from autograder.boundary.builds import KernelBuilder, cache_dir
+from autograder.boundary.causes import LearnerError
 from autograder.boundary.compiling import KIB, CompileReport
+from autograder.local import load_graders
 from autograder.rules.gpu_targets import Build, build_source, require_gpu_build, verdict
 from autograder.solutions import load_solutions
 
@@ -47,15 +50,16 @@ def test_only_the_kernel_and_what_it_calls_reach_the_compile_worker_each_on_its_
         assert line in ("", KERNEL.splitlines()[number]), f"line {number + 1} moved or changed: {line!r}"
 
 
-@pytest.mark.parametrize("change, why", [
-    ("@triton.jit\ndef double(", "@triton.jit\n@print\ndef double(", "one bare @triton.jit"),
-    ("@triton.jit\ndef double(", "@triton.jit(debug=True)\ndef double(", "one bare @triton.jit"),
-    ("EXTRA: tl.constexpr = 1", "EXTRA: tl.constexpr = print('ran')", "not a constant"),
-    ("n, BLOCK", "n: print('ran') or int, BLOCK", "annotated with tl.constexpr or not at all"),
-], ids=["second decorator", "jit with arguments", "default that calls", "annotation that calls"])
-def test_what_would_run_code_as_the_kernel_loads_is_refused_before_anything_runs(change, why):
-    old, new, message = change, why, None
-    with pytest.raises(AssertionError, match=r"(one bare @triton.jit|not a constant|annotated with)"):
+@pytest.mark.parametrize("old, new", [
+    ("@triton.jit\ndef double(", "@triton.jit\n@print\ndef double("),
+    ("@triton.jit\ndef double(", "@triton.jit(debug=True)\ndef double("),
+    ("EXTRA: tl.constexpr = 1", "EXTRA: tl.constexpr = print('ran')"),
+    ("n, BLOCK", "n: print('ran') or int, BLOCK"),
+    ("SCALE = 2.0", "SCALE: print('ran') or float = 2.0"),
+], ids=["second decorator", "jit with arguments", "default that calls", "annotation that calls",
+        "constant's annotation that calls"])
+def test_what_would_run_code_as_the_kernel_loads_is_refused_before_anything_runs(old, new):
+    with pytest.raises(AssertionError, match=r"one bare @triton.jit|not a constant|annotated with tl.constexpr"):
         build_source(KERNEL.replace(old, new), "double")
 
 
@@ -119,3 +123,94 @@ def builder(tmp_path_factory):
     yield built
     built.close()
     del os.environ["AUTOGRADER_BUILD_CACHE"]
+
+
+def _grader(chapter: str):
+    load_graders()
+    return sys.modules[f"_autograder_graders.test_{chapter}"]
+
+
+FLASH = "flash_attention_fwd_kernel"
+
+
+def test_the_flash_solution_with_a_tile_too_big_for_a_t4_passes_and_the_report_says_so(builder):
+    """fp32 at D=64 with 128 x 64 tiles: over a T4's 64 KiB, within an A100's 163 KiB."""
+    learner = Learner(load_solutions("ch05_flash_attention")[FLASH], builder)
+    big = _grader("ch05_flash_attention")._flash_build(T4_TOO_SMALL_LABEL, *T4_TOO_SMALL)
+    require_gpu_build(learner, FLASH, [big], "ADVICE")
+    assert "fits an A100 and an H100, not on a T4" in learner.notes[0] and "a T4 allows 64 KiB" in learner.notes[0] \
+        and "ADVICE" in learner.notes[0], learner.notes
+
+
+def test_the_flash_solution_with_a_tile_too_big_for_every_gpu_fails_saying_by_how_much(builder):
+    learner = Learner(load_solutions("ch05_flash_attention")[FLASH], builder)
+    huge = _grader("ch05_flash_attention")._flash_build(NOWHERE_LABEL, *NOWHERE)
+    with pytest.raises(AssertionError, match="would run on no GPU") as failed:
+        require_gpu_build(learner, FLASH, [huge], "ADVICE")
+    assert "an H100 allows 227 KiB" in str(failed.value) and NOWHERE_LABEL in str(failed.value), failed.value
+
+
+def test_a_kernel_printing_a_ptxas_line_at_compile_time_is_read_from_ptxas_alone(builder):
+    cell = load_solutions("ch06_online_softmax")["softmax_kernel"]
+    fake = "ptxas info    : Used 1 registers, used 0 barriers; 0 bytes spill stores, 0 bytes spill loads"
+    body = cell.index('"""', cell.index('"""', cell.index("def softmax_kernel")) + 3) + 3
+    printing = cell[:body] + f"\n    tl.static_print({fake!r})" + cell[body:]
+    builds = _grader("ch06_online_softmax").SOFTMAX_BUILDS[:1]
+    honest, faked = (Learner(text, builder) for text in (cell, printing))
+    for learner in (honest, faked):
+        require_gpu_build(learner, "softmax_kernel", builds, "")
+    assert honest.notes[0] == faked.notes[0] and " 1 reg" not in faked.notes[0], faked.notes
+
+
+def test_a_build_that_takes_too_long_is_stopped_and_blamed_on_the_kernel(builder):
+    slow = KERNEL.replace("    offsets = tl.program_id", "    for i in tl.static_range(20000):\n        n = n + i\n"
+                                                          "    offsets = tl.program_id")
+    source, _ = build_source(slow, "double")
+    with pytest.raises(LearnerError, match="took more than 3 s"):
+        builder.build(source, "double", [b.wire() for b in DOUBLE], seconds=3)
+
+
+PLANT = '''import json, os
+for path, report in {planted!r}.items():
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as handle:
+            handle.write(json.dumps(report))
+    except OSError:
+        pass
+'''
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a sandbox user that is not the grader's")
+def test_a_report_planted_in_the_cache_by_the_learners_process_is_never_read(tmp_path):
+    """The `break` kernel of the self-checks builds for no GPU. Another cell of the notebook writes
+    reports saying it fits into the grader's cache, under the keys its builds will have (a learner
+    can compute them), before any test runs: the test still scores 0 and the cache holds the truth."""
+    import json
+    import subprocess
+
+    import selfcheck
+    from autograder.boundary.builds import cache_key
+    from autograder.boundary.compiling import TARGETS
+    from autograder.notebook import inject
+    chapter = "ch05_flash_attention"
+    broken = next(s.source for s in selfcheck.variants(chapter)["wrong"][FLASH] if "`break`" in s.label)
+    source, _ = build_source(broken, FLASH)
+    cache = tmp_path / "cache"
+    planted = {str(cache / f"{cache_key(source, FLASH, b.wire(), t.name)}.json"):
+               {"target": t.name, "shared_bytes": 1024, "shared_limit": t.shared_per_block, "registers": 32,
+                "spill_stores": 0, "spill_loads": 0, "threads": 128, "error": None}
+               for b in _grader(chapter).FLASH_BUILDS for t in TARGETS}
+    hbm = load_solutions(chapter)["flash_hbm_bytes"]
+    notebook = inject(selfcheck.ROOT / "exercises" / f"{chapter}.ipynb",
+                      {FLASH: broken, "flash_hbm_bytes": PLANT.format(planted=planted) + hbm})
+    (tmp_path / "planted.ipynb").write_text(json.dumps(notebook))
+    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "planted.ipynb"), "--json",
+                          str(tmp_path / "out.json"), "--seed", "3"], cwd=selfcheck.ROOT, capture_output=True, text=True,
+                         env=dict(os.environ, AUTOGRADER_BUILD_CACHE=str(cache)))
+    assert run.returncode == 0, run.stderr[-3000:]
+    tests = json.loads((tmp_path / "out.json").read_text())["tests"]
+    built = next(t for t in tests if t["name"].endswith("test_flash_kernel_compiles_for_a_real_gpu"))
+    assert built["score"] == 0 and "would run on no GPU" in built["output"], built
+    for path in planted:
+        assert json.loads(open(path).read())["error"], f"{path} holds the planted report"

@@ -113,6 +113,9 @@ def build_source(cell: str, kernel: str) -> tuple[str, int]:
     out = [""] * len(lines)
     imports = False
     for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and ast.unparse(node.annotation) not in ANNOTATIONS | {"int", "float"}:
+            raise AssertionError(f"`{kernel}` was not built for a GPU: line {node.lineno}: a constant of a kernel "
+                                 "cell is annotated with tl.constexpr, int, float or not at all")
         keep = (isinstance(node, (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign))
                 or (isinstance(node, ast.FunctionDef) and node.name in kept))
         imports |= isinstance(node, (ast.Import, ast.ImportFrom))

@@ -1,7 +1,8 @@
 """What the real compiler says about a chapter's kernel, in the few numbers and lines a chapter shows.
 
 - `tile_table(kernel, words)`: for each launch of `launches.py` whose kernel is `kernel` and whose
-  configuration holds `words` (e.g. "flash", "fp16 D=64 full": every autotune tile), and each GPU:
+  configuration has every word of `words` (e.g. "flash", "fp16 D=64 full": every autotune tile),
+  and each GPU:
   shared memory per block (KiB), registers per thread, bytes spilled per thread, and whether it fits.
 - `ptx_lines(kernel, words, target)`: the PTX of the first such launch built for `target`, with the
   lines a chapter explains picked out (`ld.global`: loads from HBM, `mma`: tensor-core products,
@@ -30,7 +31,8 @@ PTX_PATTERNS = ("ld.global", "mma", "ex2")
 
 def _launches(kernel: str, words: str) -> list:
     from reference.kernels.launches import reference_launches
-    chosen = [launch for launch in reference_launches() if launch.kernel == kernel and words in launch.config]
+    chosen = [launch for launch in reference_launches()
+              if launch.kernel == kernel and set(words.split()) <= set(launch.config.split())]
     if not chosen:
         raise ValueError(f"no launch of {kernel!r} with {words!r} in its configuration (reference/kernels/launches.py)")
     return chosen
