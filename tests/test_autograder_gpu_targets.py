@@ -84,10 +84,12 @@ def test_a_kernel_too_big_for_a_t4_alone_passes_and_says_so():
 
 
 def test_a_compiler_error_names_the_learners_line():
-    error = "at 7:4: s = tl.dot(q, k) -> Both operands must be same dtype"
+    sent, _ = build_source(KERNEL, "double")
+    error = "at 3:4: tl.store(x_ptr + offsets, helper(tl.load(x_ptr + offsets, mask=offsets < n)), mask=offsets < n) " \
+            "-> unsupported thing"
     reports = [[_report(t, 0, error) for t in ("T4", "A100", "H100")]]
-    passes, message = verdict("k", [Build("grader", ())], reports, "", cell_offset=1)
-    assert not passes and "line 6 of your cell, s = tl.dot(q, k) -> Both operands" in message, message
+    passes, message = verdict("double", [Build("grader", ())], reports, "", f"# added\n{sent}", cell_offset=1)
+    assert not passes and "line 19 of your cell, `tl.store(x_ptr" in message and "unsupported thing" in message, message
 
 
 def test_a_cache_others_may_write_is_not_trusted(tmp_path, monkeypatch):
@@ -117,12 +119,11 @@ class Learner:
 
 
 @pytest.fixture(scope="module")
-def builder(tmp_path_factory):
-    os.environ["AUTOGRADER_BUILD_CACHE"] = str(tmp_path_factory.mktemp("builds"))   # every build here is real
+def builder():
+    """The grader's cache: a build is as real the first time as the cached report it leaves."""
     built = KernelBuilder("none", None, [])
     yield built
     built.close()
-    del os.environ["AUTOGRADER_BUILD_CACHE"]
 
 
 def _grader(chapter: str):
@@ -134,20 +135,13 @@ FLASH = "flash_attention_fwd_kernel"
 
 
 def test_the_flash_solution_with_a_tile_too_big_for_a_t4_passes_and_the_report_says_so(builder):
-    """fp32 at D=64 with 128 x 64 tiles: over a T4's 64 KiB, within an A100's 163 KiB."""
+    """fp32 at D=64 with 128 x 64 tiles: about 80 KiB on a T4 (64 allowed), 128 KiB on an A100 (163)."""
     learner = Learner(load_solutions("ch05_flash_attention")[FLASH], builder)
-    big = _grader("ch05_flash_attention")._flash_build(T4_TOO_SMALL_LABEL, *T4_TOO_SMALL)
+    big = _grader("ch05_flash_attention")._flash_build("GPU tile: fp32 D=64, 128x64 tiles, causal", 64, 64, True)
+    big.kwargs["BLOCK_M"] = 128
     require_gpu_build(learner, FLASH, [big], "ADVICE")
-    assert "fits an A100 and an H100, not on a T4" in learner.notes[0] and "a T4 allows 64 KiB" in learner.notes[0] \
-        and "ADVICE" in learner.notes[0], learner.notes
-
-
-def test_the_flash_solution_with_a_tile_too_big_for_every_gpu_fails_saying_by_how_much(builder):
-    learner = Learner(load_solutions("ch05_flash_attention")[FLASH], builder)
-    huge = _grader("ch05_flash_attention")._flash_build(NOWHERE_LABEL, *NOWHERE)
-    with pytest.raises(AssertionError, match="would run on no GPU") as failed:
-        require_gpu_build(learner, FLASH, [huge], "ADVICE")
-    assert "an H100 allows 227 KiB" in str(failed.value) and NOWHERE_LABEL in str(failed.value), failed.value
+    note = learner.notes[0]
+    assert "fits an A100 and an H100, not on a T4" in note and "a T4 allows 64 KiB" in note and "ADVICE" in note, note
 
 
 def test_a_kernel_printing_a_ptxas_line_at_compile_time_is_read_from_ptxas_alone(builder):

@@ -38,6 +38,8 @@ from dataclasses import asdict, dataclass
 
 import torch
 
+from autograder.boundary.protocol import read_message, write_message
+
 REGISTERS_PER_SM = 65536           # 32-bit registers per SM, and per block, on sm_75 ... sm_90
 REGISTER_ALLOCATION_UNIT = 256     # a warp's registers are allocated in units of 256
 KIB = 1024
@@ -96,12 +98,17 @@ class CompileReport:
             return [f"does not compile for {self.target}: {self.error}"]
         out = []
         if self.shared_bytes > self.shared_limit:
-            out.append(f"needs {self.shared_bytes / KIB:.1f} KiB of shared memory per block; a "
-                       f"{self.target} allows {self.shared_limit / KIB:.0f} KiB")
+            out.append(f"needs {self.shared_bytes / KIB:.1f} KiB of shared memory per block; "
+                       f"{a(self.target)} allows {self.shared_limit / KIB:.0f} KiB")
         if self.registers_per_block > REGISTERS_PER_SM:
             out.append(f"needs {self.registers_per_block} registers per block ({self.registers} per thread x "
                        f"{self.threads} threads); an SM has {REGISTERS_PER_SM}")
         return out
+
+
+def a(name: str) -> str:
+    """The name with its article, as it is read out: a T4, an A100, an H100."""
+    return f"{'an' if name[0] in 'AEFHILMNORSX' else 'a'} {name}"
 
 
 def target_named(name: str) -> Target:
@@ -148,7 +155,9 @@ def build(kernel, args: tuple, kwargs: dict, target: Target) -> tuple[CompileRep
     source, gpu, options, _ = specialise(kernel, args, kwargs, target)
     cubin_log = io.StringIO()
 
-    def read_ptxas_log(backend, stages, *_):           # only the cubin stage's own output
+    def read_ptxas_log(backend=None, stages=None, *_):  # only the cubin stage's own output
+        if stages is None:                                  # asked for a cache key (the build skips the cache)
+            return "course-ptxas-log", "1"
         make_cubin = stages["cubin"]
 
         def logged(src, metadata):
@@ -249,7 +258,6 @@ def compile_request(request: dict, folder: str) -> dict:
 def serve(in_fd: int, out_fd: int, folder: str, describe) -> None:
     """The compile worker's request loop: each request is answered by `compile_request`; what
     the kernel's source raises on loading becomes ``ok: False`` with ``describe(exc)``."""
-    from autograder.boundary.protocol import read_message, write_message
     cells = os.path.join(folder, "compiled_kernels")
     os.makedirs(cells, exist_ok=True)
     while True:

@@ -43,6 +43,7 @@ from torch import Tensor
 
 from autograder.boundary.confine import drop_privileges, landlock, lock_down, readable
 from autograder.boundary.causes import describe
+from autograder.boundary.compiling import serve
 from autograder.boundary.guard import ForbiddenOperationError, Guard, limits_paused, operation_limit
 from autograder.boundary.launching import launch
 from autograder.boundary.protocol import decode, encode, read_message, write_message
@@ -259,7 +260,6 @@ def main(argv: list[str]) -> None:
         write_message(config["out"], {"ready": False, "environment": problem})
         os._exit(ENVIRONMENT_BROKEN)
     if config.get("compile"):
-        from autograder.boundary.compiling import serve
         write_message(config["out"], {"ready": True, "isolation": isolation})
         serve(config["in"], config["out"], tmp, describe)
     worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])

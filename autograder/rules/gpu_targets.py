@@ -20,13 +20,14 @@ from __future__ import annotations
 import ast
 import inspect
 import linecache
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
 from autograder.boundary.causes import NOT_IMPLEMENTED, LearnerError
-from autograder.boundary.compiling import KIB, TARGETS, CompileReport
+from autograder.boundary.compiling import KIB, TARGETS, CompileReport, a
 from autograder.rules.kernel_rules import cell_problem
 
 ANNOTATIONS = {"tl.constexpr", "triton.language.constexpr", "constexpr"}
@@ -129,7 +130,8 @@ def build_source(cell: str, kernel: str) -> tuple[str, int]:
 def _cell(report: CompileReport) -> str:
     if report.error:
         return "does not compile"
-    text = f"{report.shared_bytes / KIB:.1f} KiB, {report.registers} reg"
+    shared = f"{report.shared_bytes / KIB:.1f} KiB" if report.shared_bytes >= KIB else f"{report.shared_bytes} B"
+    text = f"{shared}, {report.registers} reg"
     text += f", spills {report.spill_stores} B" if report.spills else ""
     return text + (" OVER" if report.problems() else "")
 
@@ -143,41 +145,51 @@ def table(builds: list[Build], reports: list[list[CompileReport]]) -> str:
     return "\n".join([head.rstrip(), *(r.rstrip() for r in rows)])
 
 
-def _on_learner_line(error: str, cell_offset: int) -> str:
-    """triton's ``at L:C: code -> message`` counts lines of the text built: name the cell's line."""
-    if error.startswith("at ") and error[3:].split(":", 1)[0].isdigit():
-        line, rest = error[3:].split(":", 1)
-        return f"line {int(line) - cell_offset} of your cell, {rest.split(':', 1)[-1].strip()}"
-    return error
+def _on_learner_line(error: str, source: str, kernel: str, cell_offset: int) -> str:
+    """triton's ``at L:C: code -> message`` (``L`` counted from the failing function's ``def``):
+    the same, naming the line of the cell that holds ``code`` (the one nearest the kernel's
+    ``def`` + L where several do)."""
+    match = re.match(r"at (\d+):\d+: (.+?) -> (.*)$", error)
+    lines = source.splitlines()
+    hits = [number for number, line in enumerate(lines, 1) if match and line.strip() == match[2].strip()]
+    if not hits:
+        return error
+    start = next((number for number, line in enumerate(lines, 1) if line.startswith(f"def {kernel}(")), 1)
+    line = min(hits, key=lambda hit: abs(hit - (start + int(match[1]) - 1)))
+    return f"line {line - cell_offset} of your cell, `{match[2].strip()}`: {match[3]}"
 
 
-def _problem(report: CompileReport, cell_offset: int) -> str | None:
+def _problem(report: CompileReport, where) -> str | None:
     if report.error:
-        return f"does not compile: {_on_learner_line(report.error, cell_offset)}"
+        return f"does not compile: {where(report.error)}"
     problems = report.problems()
     return problems[0] if problems else None
 
 
 def verdict(kernel: str, builds: list[Build], reports: list[list[CompileReport]], advice: str,
-            cell_offset: int = 0) -> tuple[bool, str]:
+            source: str = "", cell_offset: int = 0) -> tuple[bool, str]:
     """(passes, the message): it passes when every build fits at least one target whole; the
-    message names, per target that does not fit, the first launch that does not and why."""
+    message names, per target that does not fit, the first launch that does not and why (a
+    compiler error on its line of the cell: ``source`` is what was built, ``cell_offset`` the
+    lines added before the cell's)."""
+    def where(error: str) -> str:
+        return _on_learner_line(error, source, kernel, cell_offset)
     why = {}
     for column, target in enumerate(TARGETS):
-        failed = next(((b, p) for b, row in zip(builds, reports) if (p := _problem(row[column], cell_offset))), None)
+        failed = next(((b, p) for b, row in zip(builds, reports) if (p := _problem(row[column], where))), None)
         if failed:
             why[target.name] = f"{failed[0].label}: {failed[1]}"
     fits = [t.name for t in TARGETS if t.name not in why]
     summary = table(builds, reports)
     if len(set(why.values())) == 1 and len(why) > 1:
-        missing = f"not on a {', a '.join(why)} ({next(iter(why.values()))})"
+        missing = f"not on {', '.join(map(a, why))} ({next(iter(why.values()))})"
     else:
-        missing = "; ".join(f"not on a {name} ({text})" for name, text in why.items())
+        missing = "; ".join(f"not on {a(name)} ({text})" for name, text in why.items())
     if not fits:
         return False, f"`{kernel}` would run on no GPU: {missing}. {advice}\n{summary}"
     if why:
-        return True, f"`{kernel}` builds and fits an {' and an '.join(fits)}, {missing}. {advice}\n{summary}"
-    return True, f"`{kernel}` builds and fits a {', an '.join(fits)}:\n{summary}"
+        return True, f"`{kernel}` builds and fits {' and '.join(map(a, fits))}, {missing}. {advice}\n{summary}"
+    return True, f"`{kernel}` builds and fits {', '.join(map(a, fits))}:\n{summary}"
 
 
 def require_gpu_build(learner: Any, kernel: str, builds: list[Build], advice: str) -> None:
@@ -197,7 +209,7 @@ def require_gpu_build(learner: Any, kernel: str, builds: list[Build], advice: st
     if result["environment"]:
         raise RuntimeError(result["environment"])
     reports = [[CompileReport(**r) for r in row] for row in result["reports"]]
-    passes, message = verdict(kernel, builds, reports, advice, offset)
+    passes, message = verdict(kernel, builds, reports, advice, source, offset)
     if not passes:
         raise AssertionError(message)
     learner.note(message)

@@ -551,7 +551,7 @@ def _flash_build(label: str, head_dim: int, block: int, causal: bool) -> Build:
 
 FLASH_BUILDS = [_flash_build("grader: fp32 D=16, 16x16 tiles", 16, 16, False),
                 _flash_build("grader: fp32 D=16, 16x16 tiles, causal", 16, 16, True),
-                _flash_build("GPU tile: fp32 D=64, 64x64 tiles, causal", 64, 64, True)]
+                _flash_build("GPU tile: fp32 D=64, 32x32 tiles, causal", 64, 32, True)]
 FLASH_BUILD_ADVICE = ("Shared memory holds what tl.dot reads: the Q tile [BLOCK_M, HEAD_DIM], one K and one V "
                       "tile [BLOCK_N, HEAD_DIM] and P [BLOCK_M, BLOCK_N], 4 bytes an element in fp32, and as "
                       "many K/V tiles as a pipelined loop keeps in flight. Load one K and one V tile per step; "
