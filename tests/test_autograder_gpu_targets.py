@@ -134,6 +134,7 @@ def _grader(chapter: str):
 FLASH = "flash_attention_fwd_kernel"
 
 
+@pytest.mark.slow
 def test_the_flash_solution_with_a_tile_too_big_for_a_t4_passes_and_the_report_says_so(builder):
     """fp32 at D=64 with 128 x 64 tiles: about 80 KiB on a T4 (64 allowed), 128 KiB on an A100 (163)."""
     learner = Learner(load_solutions("ch05_flash_attention")[FLASH], builder)
