@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -31,6 +32,7 @@ from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delet
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
 from autograder.boundary.refs import Handle, from_wire, to_wire
 from autograder.boundary.store import GraderSideTrace, ReferenceStore
+from autograder.rules.gpu_targets import start_builds
 from autograder.rules.kernel_rules import cell_problem
 from autograder.rules.operations import allowed_operations, refusal_message
 
@@ -68,6 +70,8 @@ class SandboxLearner(GraderSideTrace):
         self._handles: set[int] = set()
         self._spawned = False
         self._builder: KernelBuilder | None = None   # the compile worker, at the first build
+        self._building: ThreadPoolExecutor | None = None  # sends builds, one at a time, beside the tests
+        self._builds: dict[tuple, Future] = {}
         self.notes: list[str] = []                   # what a passing test adds to the report
         self.mode, uid, self.isolation = choose_mode(isolate)
         self._workdir = Path(tempfile.mkdtemp(prefix="autograder-worker-"))
@@ -89,6 +93,7 @@ class SandboxLearner(GraderSideTrace):
         self.exercise = exercise
         if self.worker.running and self.worker.memory_mb != self.memory_limit_mb:
             self.worker.kill()
+        start_builds(self, exercise.grade_id)
 
     @property
     def memory_limit_mb(self) -> int:
@@ -108,6 +113,8 @@ class SandboxLearner(GraderSideTrace):
             self._ensure_worker()
         except LearnerError:
             pass   # the budget ran out while loading the cells: the tests say so
+        for grade_id, _ in self.cells:
+            start_builds(self, grade_id)   # kernels build for GPUs while the tests run
 
     def _spawn(self) -> None:
         from autograder.rules.plugin import REGISTRY
@@ -145,6 +152,8 @@ class SandboxLearner(GraderSideTrace):
         """Stop the workers, delete their working directories and whatever their users left."""
         if self._builder is not None:
             self._builder.close()
+        if self._building is not None:
+            self._building.shutdown(cancel_futures=True)
         self.worker.kill()
         LIVE.discard(self)
         shutil.rmtree(self._workdir, ignore_errors=True)
@@ -248,15 +257,23 @@ class SandboxLearner(GraderSideTrace):
                                          "args": self._wire(args), "kwargs": self._wire(kwargs)})
 
 
+    def build_kernel_soon(self, kernel: str, source: str, launches: list[list]) -> None:
+        """Start building ``source`` (``rules/gpu_targets.build_source``) for every target at each
+        launch in the compile worker (``boundary/builds.py``), beside whatever runs meanwhile."""
+        key = (kernel, source, repr(launches))
+        if key not in self._builds:
+            if self._builder is None:
+                self._builder = KernelBuilder(self.mode, self.uid, self.worker.hide, self.memory_mb)
+                self._building = ThreadPoolExecutor(1, thread_name_prefix="gpu-builds")
+            self._builds[key] = self._building.submit(self._builder.build, source, kernel, launches, BUILD_SECONDS)
+
     def build_kernel(self, kernel: str, source: str, launches: list[list]) -> dict:
-        """Reports of ``source`` (``rules/gpu_targets.build_source``) built for every target at
-        each launch, by the compile worker (``boundary/builds.py``); its time counts against the
-        submission's budget."""
-        if self._builder is None:
-            self._builder = KernelBuilder(self.mode, self.uid, self.worker.hide, self.memory_mb)
+        """The reports of ``build_kernel_soon``'s builds (started now if they were not); the time
+        waited for them counts against the submission's budget."""
+        self.build_kernel_soon(kernel, source, launches)
         self.budget.require()
         with self.budget.charged():
-            return self._builder.build(source, kernel, launches, min(BUILD_SECONDS, self.budget.left))
+            return self._builds[(kernel, source, repr(launches))].result()
 
     def note(self, text: str) -> None:
         """Add ``text`` to the report of the test that runs now (shown even when it passes)."""

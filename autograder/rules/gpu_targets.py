@@ -140,8 +140,8 @@ def table(builds: list[Build], reports: list[list[CompileReport]]) -> str:
     """One line per build, one column per target: shared memory per block, registers per thread,
     bytes spilled per thread, OVER where it would not launch."""
     width = max(len(b.label) for b in builds) + 2
-    head = f"{'launch':{width}}" + "".join(f"{f'{t.name} ({t.shared_per_block // KIB} KiB)':28}" for t in TARGETS)
-    rows = [f"{b.label:{width}}" + "".join(f"{_cell(r):28}" for r in row) for b, row in zip(builds, reports)]
+    head = f"{'launch':{width}}" + "".join(f"{f'{t.name} ({t.shared_per_block // KIB} KiB)':24}" for t in TARGETS)
+    rows = [f"{b.label:{width}}" + "".join(f"{_cell(r):24}" for r in row) for b, row in zip(builds, reports)]
     return "\n".join([head.rstrip(), *(r.rstrip() for r in rows)])
 
 
@@ -189,7 +189,29 @@ def verdict(kernel: str, builds: list[Build], reports: list[list[CompileReport]]
         return False, f"`{kernel}` would run on no GPU: {missing}. {advice}\n{summary}"
     if why:
         return True, f"`{kernel}` builds and fits {' and '.join(map(a, fits))}, {missing}. {advice}\n{summary}"
-    return True, f"`{kernel}` builds and fits {', '.join(map(a, fits))}:\n{summary}"
+    return True, f"`{kernel}` builds and fits {', '.join(map(a, fits[:-1]))} and {a(fits[-1])}:\n{summary}"
+
+
+PLANNED: dict[str, list[Build]] = {}   # kernel -> the builds its grader asks for (a sandbox starts them early)
+
+
+def planned(kernel: str, builds: list[Build]) -> list[Build]:
+    """``builds``, noted as those of ``kernel`` so that ``start_builds`` can start them before
+    the test that needs them (the compile worker then works while the kernel's tests run)."""
+    PLANNED[kernel] = builds
+    return builds
+
+
+def start_builds(learner: Any, kernel: str) -> None:
+    """Send ``kernel``'s planned builds to the compile worker now, if its cell may be built; the
+    test that needs them takes the reports (``require_gpu_build``), or says why not."""
+    cell = whole_cell(learner, kernel) if kernel in PLANNED else None
+    try:
+        source, _ = build_source(cell, kernel) if cell else (None, 0)
+    except (AssertionError, SyntaxError):
+        return
+    if source:
+        learner.build_kernel_soon(kernel, source, [b.wire() for b in PLANNED[kernel]])
 
 
 def require_gpu_build(learner: Any, kernel: str, builds: list[Build], advice: str) -> None:

@@ -29,7 +29,7 @@ from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import PrerequisiteFailed
 from autograder.rules.feedback import assert_close, assert_equal
 from autograder.rules.forbid import SOFTMAX_FAMILY
-from autograder.rules.gpu_targets import Build, require_gpu_build
+from autograder.rules.gpu_targets import Build, planned, require_gpu_build
 from autograder.rules.inputs import generator, randint
 from autograder.rules.kernel_rules import (
     cell_problem,
@@ -549,9 +549,10 @@ def _flash_build(label: str, head_dim: int, block: int, causal: bool) -> Build:
     return Build(label, args, {"CAUSAL": causal, "HEAD_DIM": head_dim, "BLOCK_M": block, "BLOCK_N": block})
 
 
-FLASH_BUILDS = [_flash_build("grader: fp32 D=16, 16x16 tiles", 16, 16, False),
-                _flash_build("grader: fp32 D=16, 16x16 tiles, causal", 16, 16, True),
-                _flash_build("GPU tile: fp32 D=64, 32x32 tiles, causal", 64, 32, True)]
+FLASH_BUILDS = planned("flash_attention_fwd_kernel", [
+    _flash_build("grader: fp32 D=16, 16x16 tiles", 16, 16, False),
+    _flash_build("grader: fp32 D=16, 16x16 tiles, causal", 16, 16, True),
+    _flash_build("GPU tile: fp32 D=64, 32x32 tiles, causal", 64, 32, True)])
 FLASH_BUILD_ADVICE = ("Shared memory holds what tl.dot reads: the Q tile [BLOCK_M, HEAD_DIM], one K and one V "
                       "tile [BLOCK_N, HEAD_DIM] and P [BLOCK_M, BLOCK_N], 4 bytes an element in fp32, and as "
                       "many K/V tiles as a pipelined loop keeps in flight. Load one K and one V tile per step; "

@@ -27,7 +27,7 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 from autograder.boundary.causes import NOT_IMPLEMENTED, LearnerError
 from autograder.rules.feedback import PrerequisiteFailed, assert_close
 from autograder.rules.forbid import SOFTMAX_FAMILY
-from autograder.rules.gpu_targets import Build, require_gpu_build
+from autograder.rules.gpu_targets import Build, planned, require_gpu_build
 from autograder.rules.inputs import generator, qkv, randint
 from autograder.rules.kernel_rules import (fixed_size_aranges, kernel_source, key_loops,
                                            loop_problem, rescales_in_loop)
@@ -533,9 +533,10 @@ def _decode_build(label: str, dim: int, block_n: int) -> Build:
                  {"HEAD_DIM": dim, "BLOCK_N": block_n})
 
 
-DECODE_BUILDS = [_decode_build("grader: fp32 D=16, BLOCK_N=8", 16, 8),       # the smallest and largest of SIZES
-                 _decode_build("grader: fp32 D=32, BLOCK_N=16", 32, 16),
-                 _decode_build("GPU tile: fp32 D=128, BLOCK_N=64", 128, 64)]
+DECODE_BUILDS = planned(KERNEL, [
+    _decode_build("grader: fp32 D=16, BLOCK_N=8", 16, 8),   # the smallest and largest of SIZES
+    _decode_build("grader: fp32 D=32, BLOCK_N=16", 32, 16),
+    _decode_build("GPU tile: fp32 D=128, BLOCK_N=64", 128, 64)])
 DECODE_BUILD_ADVICE = ("A program holds one K and one V tile [BLOCK_N, HEAD_DIM] and its running o [HEAD_DIM] "
                        "at a time; tl.sum over a tile's keys goes through a little shared memory. Load one K "
                        "and one V tile per step, not the whole split")

@@ -23,7 +23,7 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 
 from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import assert_close
-from autograder.rules.gpu_targets import Build, require_gpu_build
+from autograder.rules.gpu_targets import Build, planned, require_gpu_build
 from autograder.rules.inputs import generator, randint
 from autograder.rules.kernel_rules import require_tile_loop
 from autograder.rules.plugin import exercise
@@ -534,9 +534,10 @@ def _paged_build(label: str, dim: int, block_size: int) -> Build:
                  {"BLOCK_SIZE": block_size, "HEAD_DIM": dim})
 
 
-PAGED_BUILDS = [_paged_build("grader: fp32 D=16, blocks of 4", 16, 4),
-                _paged_build("grader: fp32 D=32, blocks of 8", 32, 8),
-                _paged_build("GPU tile: fp32 D=128, blocks of 16", 128, 16)]
+PAGED_BUILDS = planned("paged_decode_kernel", [
+    _paged_build("grader: fp32 D=16, blocks of 4", 16, 4),
+    _paged_build("grader: fp32 D=32, blocks of 8", 32, 8),
+    _paged_build("GPU tile: fp32 D=128, blocks of 16", 128, 16)])
 PAGED_BUILD_ADVICE = ("A program holds one block's K and V [BLOCK_SIZE, HEAD_DIM] and its running o [HEAD_DIM] "
                       "at a time. Load one block of keys and values per step, through the block table")
 
