@@ -126,10 +126,11 @@ def require_compiler(kernel) -> None:
 
 
 def specialise(kernel, args: tuple, kwargs: dict, target: Target):
-    """(ASTSource, GPUTarget, options dict, key) of `kernel[grid](*args, **kwargs)` on `target`,
-    as a launch there would specialise it: tensors stand for pointers (their dtype and 16-byte
-    alignment count, not their device), ints are specialised like a launch's (1, multiples of 16);
-    kwargs: the constexprs plus num_warps / num_stages. key: what makes two builds the same."""
+    """(ASTSource, GPUTarget, options dict, identity) of `kernel[grid](*args, **kwargs)` on
+    `target`, as a launch there would specialise it: tensors stand for pointers (their dtype and
+    16-byte alignment count, not their device), ints are specialised like a launch's (1, multiples
+    of 16); kwargs: the constexprs plus num_warps / num_stages. identity: a tuple of what makes two
+    builds of one source the same."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource, make_backend
@@ -142,9 +143,9 @@ def specialise(kernel, args: tuple, kwargs: dict, target: Target):
     with warnings.catch_warnings():        # fusion on: the default a launch takes (triton 3.9 warns of 3.10's)
         warnings.filterwarnings("ignore", "TRITON_DEFAULT_FP_FUSION")
         options, signature, constexprs, attrs = kernel._pack_args(backend, kwargs, bound, specialization, options)
-    key = repr((signature, sorted(constexprs.items()), sorted(attrs.items()), sorted(options.__dict__.items()),
-                target, triton.__version__))
-    return ASTSource(kernel, signature, constexprs, attrs), gpu, options.__dict__, key
+    identity = (signature, sorted(constexprs.items()), sorted(attrs.items()), sorted(options.__dict__.items()),
+                target, triton.__version__)
+    return ASTSource(kernel, signature, constexprs, attrs), gpu, options.__dict__, identity
 
 
 def build(kernel, args: tuple, kwargs: dict, target: Target) -> tuple[CompileReport, str]:

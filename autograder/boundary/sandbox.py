@@ -93,7 +93,7 @@ class SandboxLearner(GraderSideTrace):
         self.exercise = exercise
         if self.worker.running and self.worker.memory_mb != self.memory_limit_mb:
             self.worker.kill()
-        start_builds(self, exercise.grade_id)
+        start_builds(self, exercise.grade_id)   # a kernel builds for GPUs while its other tests run
 
     @property
     def memory_limit_mb(self) -> int:
@@ -113,8 +113,6 @@ class SandboxLearner(GraderSideTrace):
             self._ensure_worker()
         except LearnerError:
             pass   # the budget ran out while loading the cells: the tests say so
-        for grade_id, _ in self.cells:
-            start_builds(self, grade_id)   # kernels build for GPUs while the tests run
 
     def _spawn(self) -> None:
         from autograder.rules.plugin import REGISTRY

@@ -41,8 +41,8 @@ def compile_for(kernel, args: tuple, kwargs: dict, target: Target, with_ptx: boo
     not their device; ints are specialised like a launch's: 1, multiples of 16); kwargs: the
     constexprs plus num_warps / num_stages. with_ptx: return (report, PTX text) instead.
     """
-    _, _, _, launch_key = specialise(kernel, args, kwargs, target)
-    key = hashlib.sha256(repr((kernel.cache_key, launch_key)).encode()).hexdigest()
+    _, _, _, identity = specialise(kernel, args, kwargs, target)
+    key = hashlib.sha256(repr((kernel.cache_key, *identity)).encode()).hexdigest()
     cached, ptx_file = cache_dir() / f"{key}.json", cache_dir() / f"{key}.ptx"
     if cached.exists() and (ptx_file.exists() or not with_ptx):
         report = CompileReport(**json.loads(cached.read_text()))
