@@ -112,8 +112,8 @@ def test_a_chapter_gets_the_ptx_lines_it_explains():
     ptx = ptx_lines("flash", "fp16 D=16 full 128x128", "A100")
     assert ptx["target"] == "A100" and ptx["lines"] > 100, ptx
     missing = [pattern for pattern, lines in ptx["picked"].items() if not lines]
-    assert not missing, f"flash attention's PTX for an A100 has no {missing} line (HBM loads, tensor-core " \
-                        "products, exponentials)"
+    assert not missing, f"flash attention's PTX for an A100 has no {missing} line (HBM loads, into registers " \
+                        "and into shared memory, tensor-core products, exponentials)"
 
 
 def test_ptxas_log_is_read_for_registers_and_spills():

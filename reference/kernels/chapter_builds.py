@@ -5,8 +5,9 @@
   and each GPU:
   shared memory per block (KiB), registers per thread, bytes spilled per thread, and whether it fits.
 - `ptx_lines(kernel, words, target)`: the PTX of the first such launch built for `target`, with the
-  lines a chapter explains picked out (`ld.global`: loads from HBM, `mma`: tensor-core products,
-  `ex2`: the exponentials) and counted.
+  lines a chapter explains picked out (`ld.global`: loads from HBM into registers, `cp.async`: from
+  HBM into shared memory without them, how an A100 or H100 brings in the next K/V tiles while it
+  computes, `mma`: tensor-core products, `ex2`: the exponentials) and counted.
 
 A chapter runs with TRITON_INTERPRET=1 on a CPU, where nothing can be compiled, so both build in a
 child process (`python -m reference.kernels.chapter_builds`) and keep its answer as JSON keyed by
@@ -26,7 +27,7 @@ from pathlib import Path
 
 KERNELS_DIR = Path(__file__).resolve().parent
 ROOT = KERNELS_DIR.parents[1]
-PTX_PATTERNS = ("ld.global", "mma", "ex2")
+PTX_PATTERNS = ("ld.global", "cp.async", "mma", "ex2")
 
 
 def _launches(kernel: str, words: str) -> list:
