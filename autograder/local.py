@@ -19,6 +19,7 @@ import torch
 from torch.nn import functional as F
 from torch import Tensor
 
+from autograder.boundary.builds import KernelBuilder
 from autograder.boundary.causes import LearnerError, OperationRefused, describe
 from autograder.boundary.guard import Guard, limits_paused, operation_limit
 from autograder.rules.feedback import PrerequisiteFailed
@@ -31,6 +32,7 @@ from autograder.boundary.refs import Handle, from_wire, to_wire
 from autograder.boundary.store import GraderSideTrace, ReferenceStore
 
 TESTS_DIR = Path(__file__).resolve().parent / "tests"
+BUILDER: list[KernelBuilder] = []   # this process's compile worker (not isolated), at the first build
 
 
 def base_namespace() -> dict[str, Any]:
@@ -58,6 +60,7 @@ class LocalLearner(GraderSideTrace):
         self._side = LearnerSide(self._remote)
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self._guard: Guard | None = None
+        self.notes: list[str] = []    # what a passing test adds to its ✓ line
 
     @classmethod
     def from_file(cls, path: str | Path) -> "LocalLearner":
@@ -151,6 +154,22 @@ class LocalLearner(GraderSideTrace):
         return self._run(run, args, kwargs, limit_ops=False)
 
 
+    def build_kernel(self, kernel: str, source: str, launches: list[list]) -> dict:
+        """Reports of ``source`` built for every target at each launch, by a compile worker of
+        this process (a child process without TRITON_INTERPRET: this one may have interpreted
+        triton, and then nothing here can be compiled)."""
+        if not BUILDER:
+            BUILDER.append(KernelBuilder("none", None, []))
+        return BUILDER[0].build(source, kernel, launches)
+
+    def note(self, text: str) -> None:
+        self.notes.append(text)
+
+    def take_notes(self) -> str:
+        text, self.notes = "\n".join(self.notes), []
+        return text
+
+
 class _nothing:
     def __enter__(self):
         return None
@@ -241,6 +260,8 @@ def check(obj: Any, seed: int | None = None) -> None:
         else:
             total += share
             print(f"  ✓ {label:<40} {share:g}/{share:g}")
+            if learner.notes:
+                print("      " + learner.take_notes().replace("\n", "\n      "))
     if gate is not None and total:
         print(f"  0 points for the tests that pass: {gate[1]} (see `{gate[0]}`; every test "
               "needs it)")

@@ -23,6 +23,7 @@ import pytest
 
 from autograder.solutions import load_solutions
 from reference.kernels import checks
+from reference.kernels.chapter_builds import ptx_lines, tile_table
 from reference.kernels.launches import Launch, all_launches, matrix_problems, open_rows
 from reference.kernels.targets import CompileReport, compile_for, ptxas_usage
 
@@ -97,6 +98,22 @@ def test_a_tile_too_big_for_a_t4_is_reported_as_not_fitting():
     assert report.target == "T4" and report.shared_bytes > 64 * 1024, row
     launch = Launch("flash", row["config"], None, ())              # as if it were launched alone
     assert any("shared memory" in p for p in matrix_problems([(launch, report)])), report
+
+
+def test_a_chapter_reads_its_tile_table_from_the_compiler():
+    """The tile of the test above, in the table a chapter shows: over a T4, within an A100 and an H100."""
+    rows = {row["target"]: row for row in tile_table("flash", "fp16 D=16 full 128x128")}
+    assert list(rows) == ["T4", "A100", "H100"], rows
+    assert not rows["T4"]["fits"] and rows["T4"]["shared_kib"] > rows["T4"]["limit_kib"] == 64, rows["T4"]
+    assert rows["A100"]["fits"] and rows["H100"]["fits"] and rows["A100"]["registers"] > 0, rows
+
+
+def test_a_chapter_gets_the_ptx_lines_it_explains():
+    ptx = ptx_lines("flash", "fp16 D=16 full 128x128", "A100")
+    assert ptx["target"] == "A100" and ptx["lines"] > 100, ptx
+    missing = [pattern for pattern, lines in ptx["picked"].items() if not lines]
+    assert not missing, f"flash attention's PTX for an A100 has no {missing} line (HBM loads, into registers " \
+                        "and into shared memory, tensor-core products, exponentials)"
 
 
 def test_ptxas_log_is_read_for_registers_and_spills():

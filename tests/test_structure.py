@@ -44,6 +44,22 @@ def test_the_core_never_imports_measurement_code():
     assert not wrong, f"only reference.bench may import reference.bench: {wrong}"
 
 
+def test_the_core_reaches_the_grader_only_for_the_gpu_build():
+    """reference/ imports one module of autograder/: the GPU targets and build, which the grader's
+    compile worker must have without reference (autograder/boundary/compiling.py). The bench reads
+    the exercise solutions too."""
+    allowed = {"core": {"autograder.boundary.compiling"}, "calculators": set(),
+               "bench": {"autograder.boundary.compiling", "autograder.solutions"}}
+    wrong = []
+    for path in ROOT.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = ([node.module] if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module
+                     else [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            wrong += [f"{module_name(path)} -> {n}" for n in names
+                      if n.split(".")[0] == "autograder" and n not in allowed[role(module_name(path))]]
+    assert not wrong, f"reference/ may import only autograder.boundary.compiling of the grader: {wrong}"
+
+
 def test_no_import_cycles():
     cycles = modules_on_cycles(import_graph())
     assert not cycles, f"modules on an import cycle: {cycles}"

@@ -11,6 +11,8 @@ triton and the other modules of this side or of the wire, never ``reference``, n
 - ``proxies``    the learner's stand-ins for the grader's models and caches
 - ``launching``  a Triton kernel launched on the grader's CPU tensors (interpreted or on a GPU)
 - ``causes``     a learner exception as the one-line cause a failed test shows
+- ``compiling``  a kernel built for a T4, an A100 and an H100 without a GPU (the compile worker's
+                 loop; ``reference/kernels/targets.py`` reads the targets and the build from it)
 
 The wire (both sides): ``protocol`` (length-prefixed ``torch.save`` messages, read with
 ``weights_only``), ``refs`` (markers and handles, and the plain data they travel as).
@@ -22,4 +24,5 @@ Grader side (may import the wire, ``reference`` and ``autograder.rules``):
 - ``budget``     the learner time a submission may spend over all its calls and restarts
 - ``isolation``  which sandbox this machine allows, what the worker must see and not see
 - ``store``      the reference models and caches that answer the proxies
+- ``builds``     a submission's compile worker and the cache of its reports
 """

@@ -51,8 +51,10 @@ class WorkerProcess:
     ``uid`` (``None``: the grader's own), working in ``workdir``, its output going to ``log``.
     ``isolation`` lists what the worker reported it set up (after ``start``)."""
 
-    def __init__(self, mode: str, uid: int | None, workdir: Path, log: Path, hide: list[str]):
+    def __init__(self, mode: str, uid: int | None, workdir: Path, log: Path, hide: list[str],
+                 compile_kernels: bool = False):
         self.mode, self.uid, self.workdir, self.log, self.hide = mode, uid, workdir, log, hide
+        self.compile_kernels = compile_kernels   # the compile worker (compiling.serve)
         self.proc: subprocess.Popen | None = None
         self.memory_mb = 0
         self.isolation: list[str] = []
@@ -84,14 +86,16 @@ class WorkerProcess:
                   "show": show, "hide": hide, "restore": outermost(imports),
                   "uid": self.uid, "keep_read": not readable_dirs(imports),
                   "check_imports": [m for m in STARTUP_IMPORTS if importable(m)],
-                  "tmp": str(self.workdir), "max_processes": MAX_PROCESSES, "forbid": forbid}
+                  "tmp": str(self.workdir), "max_processes": MAX_PROCESSES, "forbid": forbid,
+                  "compile": self.compile_kernels}
         command = [sys.executable, "-s", "-m", "autograder.boundary.worker", json.dumps(config)]
         if self.mode == "namespaces":
             command = UNSHARE + command
         try:
             self.proc = subprocess.Popen(
                 command, pass_fds=(worker_in, worker_out), stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, cwd=self.workdir, env=worker_environment(imports, cuda),
+                stdout=log, stderr=log, cwd=self.workdir,
+                env=worker_environment(imports, cuda, interpret=not self.compile_kernels),
                 start_new_session=True)
         finally:
             os.close(worker_in), os.close(worker_out), log.close()
@@ -179,16 +183,17 @@ class WorkerProcess:
         return text[:2 * OUTPUT_LIMIT]
 
 
-def worker_environment(imports: list[str], cuda: bool) -> dict[str, str]:
+def worker_environment(imports: list[str], cuda: bool, interpret: bool = True) -> dict[str, str]:
     """The worker's environment: a few variables of the grader's, and the grader's own
     ``sys.path`` (user site, ``.pth`` and editable paths) among ``imports`` although the worker
-    runs with ``-s``: it imports from where the grader does."""
+    runs with ``-s``: it imports from where the grader does. ``TRITON_INTERPRET=1`` without CUDA,
+    unless ``interpret`` is False (the compile worker)."""
     env = {k: os.environ[k] for k in ENV_KEPT if k in os.environ}
     on_path = [str(Path(p).resolve()) for p in sys.path if p and os.path.isabs(p)]
     python_path = [str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")]),
                    *(p for p in on_path if p in imports)]
     env.update(PYTHONPATH=os.pathsep.join(python_path), AUTOGRADER_ROOT=str(PACKAGE_ROOT),
                PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(min(4, os.cpu_count() or 1)))
-    if not cuda:
+    if interpret and not cuda:
         env["TRITON_INTERPRET"] = "1"
     return env

@@ -21,15 +21,18 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Iterable
 
 from autograder.boundary.budget import TimeBudget
+from autograder.boundary.builds import BUILD_SECONDS, KernelBuilder
 from autograder.boundary.causes import LearnerError, OperationRefused
 from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delete_leftovers
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
 from autograder.boundary.refs import Handle, from_wire, to_wire
 from autograder.boundary.store import GraderSideTrace, ReferenceStore
+from autograder.rules.gpu_targets import start_builds
 from autograder.rules.kernel_rules import cell_problem
 from autograder.rules.operations import allowed_operations, refusal_message
 
@@ -66,6 +69,10 @@ class SandboxLearner(GraderSideTrace):
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self._handles: set[int] = set()
         self._spawned = False
+        self._builder: KernelBuilder | None = None   # the compile worker, at the first build
+        self._building: ThreadPoolExecutor | None = None  # sends builds, one at a time, beside the tests
+        self._builds: dict[tuple, Future] = {}
+        self.notes: list[str] = []                   # what a passing test adds to the report
         self.mode, uid, self.isolation = choose_mode(isolate)
         self._workdir = Path(tempfile.mkdtemp(prefix="autograder-worker-"))
         log = Path(tempfile.mkdtemp(prefix="autograder-log-")) / "output.txt"
@@ -86,6 +93,7 @@ class SandboxLearner(GraderSideTrace):
         self.exercise = exercise
         if self.worker.running and self.worker.memory_mb != self.memory_limit_mb:
             self.worker.kill()
+        start_builds(self, exercise.grade_id)   # a kernel builds for GPUs while its other tests run
 
     @property
     def memory_limit_mb(self) -> int:
@@ -139,7 +147,11 @@ class SandboxLearner(GraderSideTrace):
                         break  # the worker died: start again without this cell
 
     def close(self) -> None:
-        """Stop the worker, delete its working directory and whatever its user left behind."""
+        """Stop the workers, delete their working directories and whatever their users left."""
+        if self._builder is not None:
+            self._builder.close()
+        if self._building is not None:
+            self._building.shutdown(cancel_futures=True)
         self.worker.kill()
         LIVE.discard(self)
         shutil.rmtree(self._workdir, ignore_errors=True)
@@ -241,6 +253,33 @@ class SandboxLearner(GraderSideTrace):
         return self._call_named(kernel, {"op": "launch", "name": kernel,
                                          "grid": [int(g) for g in grid],
                                          "args": self._wire(args), "kwargs": self._wire(kwargs)})
+
+
+    def build_kernel_soon(self, kernel: str, source: str, launches: list[list]) -> None:
+        """Start building ``source`` (``rules/gpu_targets.build_source``) for every target at each
+        launch in the compile worker (``boundary/builds.py``), beside whatever runs meanwhile."""
+        key = (kernel, source, repr(launches))
+        if key not in self._builds:
+            if self._builder is None:
+                self._builder = KernelBuilder(self.mode, self.uid, self.worker.hide, self.memory_mb)
+                self._building = ThreadPoolExecutor(1, thread_name_prefix="gpu-builds")
+            self._builds[key] = self._building.submit(self._builder.build, source, kernel, launches, BUILD_SECONDS)
+
+    def build_kernel(self, kernel: str, source: str, launches: list[list]) -> dict:
+        """The reports of ``build_kernel_soon``'s builds (started now if they were not); the time
+        waited for them counts against the submission's budget."""
+        self.build_kernel_soon(kernel, source, launches)
+        self.budget.require()
+        with self.budget.charged():
+            return self._builds[(kernel, source, repr(launches))].result()
+
+    def note(self, text: str) -> None:
+        """Add ``text`` to the report of the test that runs now (shown even when it passes)."""
+        self.notes.append(text)
+
+    def take_notes(self) -> str:
+        text, self.notes = "\n".join(self.notes), []
+        return text
 
 
 def _handles_in(value: Any) -> list[Handle]:

@@ -15,6 +15,10 @@ importing them; import what learner code may import (``check_imports``: on failu
 says why and exits with ``ENVIRONMENT_BROKEN``, and the grader refuses to grade). Then learner
 code runs.
 
+With ``compile`` in its configuration the worker is the compile worker instead: the same
+confinement, no TRITON_INTERPRET, and ``compiling.serve`` answers its requests (a kernel's source,
+built for GPUs; the learner's cells never run there).
+
 Models and caches given to learner code are proxies (``proxies``): using one sends a ``remote``
 request to the grader and waits for its answer on the same pipes.
 """
@@ -39,6 +43,7 @@ from torch import Tensor
 
 from autograder.boundary.confine import drop_privileges, landlock, lock_down, readable
 from autograder.boundary.causes import describe
+from autograder.boundary.compiling import serve
 from autograder.boundary.guard import ForbiddenOperationError, Guard, limits_paused, operation_limit
 from autograder.boundary.launching import launch
 from autograder.boundary.protocol import decode, encode, read_message, write_message
@@ -241,7 +246,10 @@ def main(argv: list[str]) -> None:
         isolation.append("Landlock: writes only in its temporary directory"
                          + ("" if config["lockdown"] else ", reads only where Python imports from"))
     relay_exit_status()
-    if os.environ.get("TRITON_INTERPRET") != "1" and not cuda_usable():
+    if config.get("compile"):   # the compile worker builds kernels for GPUs: never interpreted
+        os.environ.pop("TRITON_INTERPRET", None)
+        isolation.append("builds Triton kernels for GPUs (compiled, never run)")
+    elif os.environ.get("TRITON_INTERPRET") != "1" and not cuda_usable():
         os.environ["TRITON_INTERPRET"] = "1"   # the sandbox cannot reach the GPU: interpret kernels
         isolation.append("Triton kernels interpreted (no GPU inside the sandbox)")
     restrict(config["memory_mb"], config["memory_limit"],
@@ -251,6 +259,9 @@ def main(argv: list[str]) -> None:
         print(problem, file=sys.stderr, flush=True)   # in the grader's log, should this fail
         write_message(config["out"], {"ready": False, "environment": problem})
         os._exit(ENVIRONMENT_BROKEN)
+    if config.get("compile"):
+        write_message(config["out"], {"ready": True, "isolation": isolation})
+        serve(config["in"], config["out"], tmp, describe)
     worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])
     write_message(worker.out_fd, {"ready": True, "isolation": isolation})
     while True:

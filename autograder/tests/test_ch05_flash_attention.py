@@ -29,6 +29,7 @@ from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import PrerequisiteFailed
 from autograder.rules.feedback import assert_close, assert_equal
 from autograder.rules.forbid import SOFTMAX_FAMILY
+from autograder.rules.gpu_targets import Build, planned, require_gpu_build
 from autograder.rules.inputs import generator, randint
 from autograder.rules.kernel_rules import (
     cell_problem,
@@ -538,6 +539,31 @@ def test_flash_kernel_matches_attention(learner, seed, case):
     spare = got_out[:, n_q:]
     if not torch.isnan(spare).all():
         raise AssertionError(f"{name}: the kernel wrote rows >= n_queries of out; mask the store")
+
+
+def _flash_build(label: str, head_dim: int, block: int, causal: bool) -> Build:
+    """A launch like the tests' (their strides and lengths) at these sizes, fp32 throughout."""
+    q, k = torch.empty(3, 37 + SPARE_ROWS, head_dim), torch.empty(3, 50 + SPARE_ROWS, head_dim)
+    args = (q, k, k, q, torch.empty(3, 37), *q.stride()[:2], *k.stride()[:2], *k.stride()[:2], *q.stride()[:2],
+            37, 50, 1, head_dim ** -0.5)
+    return Build(label, args, {"CAUSAL": causal, "HEAD_DIM": head_dim, "BLOCK_M": block, "BLOCK_N": block})
+
+
+FLASH_BUILDS = planned("flash_attention_fwd_kernel", [
+    _flash_build("grader: fp32 D=16, 16x16 tiles", 16, 16, False),
+    _flash_build("grader: fp32 D=16, 16x16 tiles, causal", 16, 16, True),
+    _flash_build("GPU tile: fp32 D=64, 32x32 tiles, causal", 64, 32, True)])
+FLASH_BUILD_ADVICE = ("Shared memory holds what tl.dot reads: the Q tile [BLOCK_M, HEAD_DIM], one K and one V "
+                      "tile [BLOCK_N, HEAD_DIM] and P [BLOCK_M, BLOCK_N], 4 bytes an element in fp32, and as "
+                      "many K/V tiles as a pipelined loop keeps in flight. Load one K and one V tile per step; "
+                      "on a smaller GPU launch with BLOCK_N = 32")
+
+
+@exercise("flash_attention_fwd_kernel", points=5, timeout=60)
+def test_flash_kernel_compiles_for_a_real_gpu(learner, seed):
+    """Built (not run) for a T4, an A100 and an H100 at the tests' launches and at a GPU-sized tile:
+    it must compile and fit one of them; the report shows shared memory, registers and spills."""
+    require_gpu_build(learner, "flash_attention_fwd_kernel", FLASH_BUILDS, FLASH_BUILD_ADVICE)
 
 
 # ------------------------------------------------------------------------- flash_hbm_bytes

@@ -25,6 +25,7 @@ import triton
 from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import PrerequisiteFailed, assert_close
 from autograder.rules.forbid import SOFTMAX_FAMILY
+from autograder.rules.gpu_targets import Build, planned, require_gpu_build
 from autograder.rules.inputs import generator, randint
 from autograder.rules.plugin import exercise
 from reference.kernels.torch_reference import merge_softmax_states as reference_merge
@@ -449,3 +450,24 @@ def test_softmax_kernel(learner, seed, case):
     if not got[:, n_cols:].isnan().all():
         raise AssertionError(f"softmax_kernel wrote past the end of a row ({n_cols} columns, the "
                              "row stride is larger): mask the store with cols < n_cols")
+
+
+def _softmax_build(label: str, dtype: torch.dtype, block: int) -> Build:
+    x = torch.empty(5, block, dtype=dtype)
+    return Build(label, (x, x, block - 11, block + 3, block + 5), {"BLOCK": block})
+
+
+SOFTMAX_BUILDS = planned("softmax_kernel", [
+    _softmax_build("grader: fp32, BLOCK = 128", torch.float32, 128),
+    _softmax_build("grader: fp16, BLOCK = 128", torch.float16, 128),
+    _softmax_build("GPU row: fp32, BLOCK = 8192", torch.float32, 8192)])
+SOFTMAX_BUILD_ADVICE = ("One program holds its whole row of BLOCK scores in registers (BLOCK / 128 per thread "
+                        "with 4 warps); tl.max and tl.sum across warps go through a little shared memory. "
+                        "Keep one row in flight: load it once, reduce it, store it")
+
+
+@exercise("softmax_kernel", points=4, forbid=SOFTMAX_FUNCTIONS, timeout=60)
+def test_softmax_kernel_compiles_for_a_real_gpu(learner, seed):
+    """Built (not run) for a T4, an A100 and an H100 at the tests' blocks and at a GPU-sized row:
+    it must compile and fit one of them; the report shows shared memory, registers and spills."""
+    require_gpu_build(learner, "softmax_kernel", SOFTMAX_BUILDS, SOFTMAX_BUILD_ADVICE)

@@ -27,6 +27,7 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 from autograder.boundary.causes import NOT_IMPLEMENTED, LearnerError
 from autograder.rules.feedback import PrerequisiteFailed, assert_close
 from autograder.rules.forbid import SOFTMAX_FAMILY
+from autograder.rules.gpu_targets import Build, planned, require_gpu_build
 from autograder.rules.inputs import generator, qkv, randint
 from autograder.rules.kernel_rules import (fixed_size_aranges, kernel_source, key_loops,
                                            loop_problem, rescales_in_loop)
@@ -523,3 +524,26 @@ def test_decode_kernel_with_uneven_splits_and_groups_of_three(learner, seed):
 def test_decode_kernel_with_empty_splits(learner, seed):
     gen = generator(seed + 9)
     _check_kernel(learner, gen, 1, 2, 1, 2, 4)
+
+
+def _decode_build(label: str, dim: int, block_n: int) -> Build:
+    """A launch like the tests' (4 query heads on 2 K/V heads, 3 splits of 333 keys), fp32."""
+    q, k, state = torch.empty(1, 4, dim), torch.empty(1, 2, 1000, dim), torch.empty(1, 4, 3, dim)
+    return Build(label, (q, k, k, state, state, state, 4, 2, 1000, 334, 3, dim ** -0.5),
+                 {"HEAD_DIM": dim, "BLOCK_N": block_n})
+
+
+DECODE_BUILDS = planned(KERNEL, [
+    _decode_build("grader: fp32 D=16, BLOCK_N=8", 16, 8),   # the smallest and largest of SIZES
+    _decode_build("grader: fp32 D=32, BLOCK_N=16", 32, 16),
+    _decode_build("GPU tile: fp32 D=128, BLOCK_N=64", 128, 64)])
+DECODE_BUILD_ADVICE = ("A program holds one K and one V tile [BLOCK_N, HEAD_DIM] and its running o [HEAD_DIM] "
+                       "at a time; tl.sum over a tile's keys goes through a little shared memory. Load one K "
+                       "and one V tile per step, not the whole split")
+
+
+@exercise(KERNEL, points=4, timeout=120)
+def test_decode_kernel_compiles_for_a_real_gpu(learner, seed):
+    """Built (not run) for a T4, an A100 and an H100 at the tests' tiles and at a GPU-sized one:
+    it must compile and fit one of them; the report shows shared memory, registers and spills."""
+    require_gpu_build(learner, KERNEL, DECODE_BUILDS, DECODE_BUILD_ADVICE)

@@ -23,6 +23,7 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 
 from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import assert_close
+from autograder.rules.gpu_targets import Build, planned, require_gpu_build
 from autograder.rules.inputs import generator, randint
 from autograder.rules.kernel_rules import require_tile_loop
 from autograder.rules.plugin import exercise
@@ -523,3 +524,26 @@ def test_paged_kernel_with_gqa_and_partial_last_blocks(learner, seed):
 def test_paged_kernel_with_a_shared_block_and_groups_of_three(learner, seed):
     gen = generator(seed + 8)
     _kernel_case(learner, gen, 2, 6, 2, 32, 8, share=True)
+
+
+def _paged_build(label: str, dim: int, block_size: int) -> Build:
+    """A launch like the tests' (3 sequences, 6 query heads on 2 K/V heads, tables of 10), fp32."""
+    q, cache = torch.empty(3, 6, dim), torch.empty(40, block_size, 2, dim)
+    tables, lens = torch.empty(3, 10, dtype=torch.int32), torch.empty(3, dtype=torch.int32)
+    return Build(label, (q, cache, cache, q, tables, lens, 6, 2, 10, dim ** -0.5),
+                 {"BLOCK_SIZE": block_size, "HEAD_DIM": dim})
+
+
+PAGED_BUILDS = planned("paged_decode_kernel", [
+    _paged_build("grader: fp32 D=16, blocks of 4", 16, 4),
+    _paged_build("grader: fp32 D=32, blocks of 8", 32, 8),
+    _paged_build("GPU tile: fp32 D=128, blocks of 16", 128, 16)])
+PAGED_BUILD_ADVICE = ("A program holds one block's K and V [BLOCK_SIZE, HEAD_DIM] and its running o [HEAD_DIM] "
+                      "at a time. Load one block of keys and values per step, through the block table")
+
+
+@exercise("paged_decode_kernel", points=5, timeout=120)
+def test_paged_kernel_compiles_for_a_real_gpu(learner, seed):
+    """Built (not run) for a T4, an A100 and an H100 at the tests' blocks and at a GPU-sized one:
+    it must compile and fit one of them; the report shows shared memory, registers and spills."""
+    require_gpu_build(learner, "paged_decode_kernel", PAGED_BUILDS, PAGED_BUILD_ADVICE)

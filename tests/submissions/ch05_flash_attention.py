@@ -434,6 +434,19 @@ def tiled_attention(q, k, v, block_q, block_k, causal=False):
 # with:
 #     kv_head = head                                          # GQA ignored
 
+# %% grade_id: flash_attention_fwd_kernel | wrong: leaves the key loop with `break` (the interpreter runs it; no GPU compiler takes it)
+# expect: would run on no GPU
+# expect: Break
+# expect score: 4
+# replace:
+#     for start_n in range(0, end, BLOCK_N):
+#         cols = start_n + tl.arange(0, BLOCK_N)
+# with:
+#     for start_n in range(0, n_keys, BLOCK_N):
+#         if start_n >= end:                                  # the causal tiles past the diagonal
+#             break
+#         cols = start_n + tl.arange(0, BLOCK_N)
+
 # %% grade_id: flash_attention_fwd_kernel | cheat: loads all of K in one fixed 64-key tile (fits the small test shapes)
 # expect: tl.arange must span
 # replace:
