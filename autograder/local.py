@@ -20,7 +20,7 @@ from torch.nn import functional as F
 from torch import Tensor
 
 from autograder.boundary.causes import LearnerError, OperationRefused, describe
-from autograder.boundary.guard import Guard, limits_paused, operation_limit
+from autograder.boundary.guard import CallWork, Guard, limits_paused, operation_limit
 from autograder.rules.feedback import PrerequisiteFailed
 from autograder.rules.kernel_rules import cell_problem
 from autograder.rules.operations import allowed_operations, refusal_message
@@ -57,6 +57,7 @@ class LocalLearner(GraderSideTrace):
         self.exercise = None
         self._side = LearnerSide(self._remote)
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
+        self.last_call_work = CallWork()   # the last call's matmul FLOPs and exponentials
         self._guard: Guard | None = None
 
     @classmethod
@@ -87,7 +88,7 @@ class LocalLearner(GraderSideTrace):
                 self._guard = guard.install()
 
     def _run(self, target: Callable, args: tuple, kwargs: dict, limit_ops: bool = True) -> Any:
-        self.largest_allocation = 0
+        self.largest_allocation, self.last_call_work = 0, CallWork()
         args, kwargs = self._side.args(_copy(to_wire((args, kwargs), self.store.register)))
         self.store.trace.clear()
         forbid = self.exercise.forbid if self.exercise is not None else ()
@@ -107,7 +108,7 @@ class LocalLearner(GraderSideTrace):
         if limit.refused:
             raise OperationRefused(refusal_message(self.exercise.grade_id, limit.refused),
                                    limit.refused)
-        self.largest_allocation = limit.largest
+        self.largest_allocation, self.last_call_work = limit.largest, limit.work
         return from_wire(_copy(self._side.result(value)))
 
     def _lookup(self, name: str) -> Any:

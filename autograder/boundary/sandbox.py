@@ -26,6 +26,7 @@ from typing import Any, Iterable
 
 from autograder.boundary.budget import TimeBudget
 from autograder.boundary.causes import LearnerError, OperationRefused
+from autograder.boundary.guard import CallWork
 from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delete_leftovers
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
 from autograder.boundary.refs import Handle, from_wire, to_wire
@@ -64,6 +65,7 @@ class SandboxLearner(GraderSideTrace):
         self.store = ReferenceStore()
         self.exercise = None
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
+        self.last_call_work = CallWork()   # the last call's matmul FLOPs and exponentials
         self._handles: set[int] = set()
         self._spawned = False
         self.mode, uid, self.isolation = choose_mode(isolate)
@@ -149,7 +151,7 @@ class SandboxLearner(GraderSideTrace):
 
     # -- one request, within the time limits ---------------------------------------------------
     def _request(self, request: dict) -> Any:
-        self.largest_allocation = 0
+        self.largest_allocation, self.last_call_work = 0, CallWork()
         self.budget.require()
         limit = self.timeout if self.exercise is None or self.exercise.timeout is None \
             else self.exercise.timeout
@@ -173,6 +175,7 @@ class SandboxLearner(GraderSideTrace):
             raise LearnerError(str(reply.get("error", "unknown error"))[:2000])
         largest = reply.get("largest")
         self.largest_allocation = int(largest) if isinstance(largest, int) else 0
+        self.last_call_work = CallWork.from_wire(reply.get("work"))
         return from_wire(reply.get("value"))
 
     def take_output(self) -> str:

@@ -39,7 +39,8 @@ from torch import Tensor
 
 from autograder.boundary.confine import drop_privileges, landlock, lock_down, readable
 from autograder.boundary.causes import describe
-from autograder.boundary.guard import ForbiddenOperationError, Guard, limits_paused, operation_limit
+from autograder.boundary.guard import (CallWork, ForbiddenOperationError, Guard, limits_paused,
+                                       operation_limit)
 from autograder.boundary.launching import launch
 from autograder.boundary.protocol import decode, encode, read_message, write_message
 from autograder.boundary.proxies import LearnerSide
@@ -196,17 +197,18 @@ class Worker:
             finally:
                 if limit.refused:   # even when the learner's code caught the error
                     raise ForbiddenOperationError(limit.refused)
-            self.largest = limit.largest
+            self.largest, self.work = limit.largest, limit.work
             return self.side.result(value)
 
     def handle(self, request: dict) -> dict:
-        self.largest = 0
+        self.largest, self.work = 0, CallWork()
         try:
             if request["op"] == "exec":
                 value = self.exec_cell(request["grade_id"], request["source"])
             else:
                 value = self.call(request)
-            reply = {"op": "done", "ok": True, "value": value, "largest": self.largest}
+            reply = {"op": "done", "ok": True, "value": value, "largest": self.largest,
+                     "work": self.work.to_wire()}
         except ForbiddenOperationError as exc:
             reply = {"op": "done", "ok": False, "error": str(exc), "refused_ops": exc.names}
         except BaseException as exc:  # noqa: BLE001 - learner code may raise anything
