@@ -151,7 +151,7 @@ class CallWork:
 
 def _distinct(t: torch.Tensor) -> int:
     """Elements of ``t`` stored apart: a broadcast (stride-0) dimension counts once."""
-    if t.layout != torch.strided:
+    if t.is_contiguous() or t.layout != torch.strided:
         return t.numel()
     return math.prod(size for size, stride in zip(t.shape, t.stride()) if stride)
 
@@ -159,10 +159,14 @@ def _distinct(t: torch.Tensor) -> int:
 def _outer(factors: tuple, out: Any) -> int:
     """FLOPs of a broadcast product: 2 per element where the result is larger than each
     tensor factor (an outer product), else 0 (an elementwise or scalar product)."""
-    tensors = [f for f in factors if isinstance(f, torch.Tensor)]
-    if len(tensors) < 2 or not isinstance(out, torch.Tensor):
+    a, b = factors
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and isinstance(out, torch.Tensor)):
         return 0
-    return 2 * out.numel() if out.numel() > max(map(_distinct, tensors)) else 0
+    size = out.numel()
+    if (a.numel() == size and a.is_contiguous()) or (b.numel() == size and b.is_contiguous()):
+        return 0            # the usual case, decided without strides: a factor as large as out
+    return 2 * size if size > max(_distinct(a), _distinct(b)) else 0
 
 
 def _product(factor: int):
