@@ -515,16 +515,15 @@ def _tile_stats64(s64: torch.Tensor, n_tiles: int, padded_with=None):
 
 def _score_tile_hint(s, m, l, s64, scale) -> str | None:
     """The advice of the usual slip that the kernel's scores s or statistics (m, l) match."""
-    n_q, n_k = s64.shape
-    if s[:n_q, :n_k].isnan().any() or m[:n_q].isnan().any() or l[:n_q].isnan().any():
+    (n_q, n_k), n_tiles = s64.shape, m.shape[1] - SPARE
+    got = m[:n_q, :n_tiles], l[:n_q, :n_tiles]
+    if s[:n_q, :n_k].isnan().any() or got[0].isnan().any() or got[1].isnan().any():
         return ("NaN: the spare rows and columns of the buffers hold NaN. Mask the loads of query "
                 "rows >= n_queries and keys >= n_keys, and step between rows with the strides "
                 "passed in (a row is stride elements long, more than HEAD_DIM)")
-    close = lambda got, expected: torch.allclose(got.double(), expected, rtol=1e-3, atol=1e-6)
+    close = lambda a, b: torch.allclose(a.double(), b, rtol=1e-3, atol=1e-6)
     if close(s[:n_q, :n_k], s64 / scale) and not close(s64 / scale, s64):
         return "multiply q kᵀ by scale (once)"
-    n_tiles = m.shape[1] - SPARE
-    got = m[:n_q, :n_tiles], l[:n_q, :n_tiles]
     expected, padded = _tile_stats64(s64, n_tiles), _tile_stats64(s64, n_tiles, padded_with=0.0)
     if all(map(close, got, padded)) and not all(map(close, expected, padded)):
         return ("the lanes past n_keys counted in the max and the sum (as scores of 0): set their "

@@ -408,7 +408,7 @@ def tiled_attention(q, k, v, block_q, block_k, causal=False):
 
 # %% grade_id: tiled_attention | cheat: two passes over the key tiles: the row max first, then l and acc measured from it (no rescale)
 # expect: times the matrix-product work of one pass
-# expect: one pass over the keys
+# expect: Flash attention is ONE pass over the keys
 # expect score: 0
 import math
 

@@ -192,7 +192,7 @@ def online_softmax(scores, tile):
 
 # %% grade_id: online_softmax | cheat: each state recomputed from scratch over every column read so far (the right states, for work growing with the square of the row length)
 # expect: times the exponentials of one pass
-# expect: one pass: each state updated from the previous one with one tile
+# expect: online softmax reads the row ONE tile at a time
 # expect score: 0
 def online_softmax(scores, tile):
     if tile < 1:
