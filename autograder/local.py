@@ -21,7 +21,7 @@ from torch import Tensor
 
 from autograder.boundary.builds import KernelBuilder
 from autograder.boundary.causes import LearnerError, OperationRefused, describe
-from autograder.boundary.guard import Guard, limits_paused, operation_limit
+from autograder.boundary.guard import CallWork, Guard, limits_paused, operation_limit
 from autograder.rules.feedback import PrerequisiteFailed
 from autograder.rules.kernel_rules import cell_problem, interpreter_reach
 from autograder.rules.operations import allowed_operations, refusal_message
@@ -61,6 +61,7 @@ class LocalLearner(GraderSideTrace):
         self._side = LearnerSide(self._remote)
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self.last_traffic: LaunchTraffic | None = None   # the last launch's loads and stores
+        self.last_call_work = CallWork()   # the last call's matmul FLOPs and exponentials
         self._guard: Guard | None = None
         self.notes: list[str] = []    # what a passing test adds to its ✓ line
 
@@ -92,7 +93,7 @@ class LocalLearner(GraderSideTrace):
                 self._guard = guard.install()
 
     def _run(self, target: Callable, args: tuple, kwargs: dict, limit_ops: bool = True) -> Any:
-        self.largest_allocation = 0
+        self.largest_allocation, self.last_call_work = 0, CallWork()
         args, kwargs = self._side.args(_copy(to_wire((args, kwargs), self.store.register)))
         self.store.trace.clear()
         forbid = self.exercise.forbid if self.exercise is not None else ()
@@ -112,7 +113,7 @@ class LocalLearner(GraderSideTrace):
         if limit.refused:
             raise OperationRefused(refusal_message(self.exercise.grade_id, limit.refused),
                                    limit.refused)
-        self.largest_allocation = limit.largest
+        self.largest_allocation, self.last_call_work = limit.largest, limit.work
         return from_wire(_copy(self._side.result(value)))
 
     def _lookup(self, name: str) -> Any:

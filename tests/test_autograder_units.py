@@ -510,6 +510,66 @@ def test_the_largest_allocation_of_a_call_is_recorded_on_every_size():
         learner.close()
 
 
+
+A, B = torch.randn(3, 4), torch.randn(4, 5)            # one [3, 4] @ [4, 5] product: 120 FLOPs
+BATCH_A, BATCH_B = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
+WORK_CASES = {   # what a call runs -> (matmul FLOPs, elements exponentiated), counted by hand
+    "a @ b (mm)": (lambda: A @ B, 2 * 3 * 5 * 4, 0),
+    "addmm": (lambda: torch.addmm(torch.zeros(3, 5), A, B), 120, 0),
+    "batched @ (bmm)": (lambda: BATCH_A @ BATCH_B, 2 * 2 * 3 * 5 * 4, 0),
+    "4-d @ (bmm of the flattened batch)": (lambda: BATCH_A[None] @ BATCH_B[None], 240, 0),
+    "einsum": (lambda: torch.einsum("bij,bjk->bik", BATCH_A, BATCH_B), 240, 0),
+    "baddbmm": (lambda: torch.baddbmm(torch.zeros(2, 3, 5), BATCH_A, BATCH_B), 240, 0),
+    "dot": (lambda: torch.dot(A[0], A[1]), 2 * 4, 0),
+    "mv": (lambda: A @ B[:, 0], 2 * 3 * 4, 0),
+    "broadcast product and sum (a matmul by hand)":
+        (lambda: (A[:, None, :] * B.T[None, :, :]).sum(-1), 120, 0),
+    "the same with expanded factors": (lambda: (A[:, None, :].expand(3, 5, 4)
+                                                * B.T[None].expand(3, 5, 4)).sum(-1), 120, 0),
+    "outer": (lambda: torch.outer(A[:, 0], B[0]), 2 * 3 * 5, 0),
+    "elementwise and scalar products": (lambda: A * A * 2.0 * A[:, :1], 0, 0),
+    "exp": (lambda: torch.exp(A), 0, 12),
+    "in-place exp_, exp2, expm1": (lambda: (A.clone().exp_(), A.exp2(), A.expm1()), 0, 36),
+    "2 ** x (a power with a tensor exponent)": (lambda: 2 ** A, 0, 12),
+    "x ** 2 (not an exponential)": (lambda: A ** 2, 0, 0),
+    "log, max, sum": (lambda: A.log().amax(-1) + A.sum(-1), 0, 0),
+}
+
+
+@pytest.mark.parametrize("case", list(WORK_CASES))
+def test_the_work_of_a_call_is_counted_exactly(case):
+    """The recorder below the names: every matrix product is 2 M N K FLOPs whatever reaches it
+    (@, einsum, a broadcast product), every exponential one element, nothing else counts."""
+    from autograder.boundary.guard import operation_limit
+    from autograder.rules.operations import BASIC
+    run, flops, exps = WORK_CASES[case]
+    with operation_limit(BASIC) as limit:
+        run()
+    assert (limit.work.matmul_flops, limit.work.exp_elements) == (flops, exps), (
+        f"{case}: recorded {limit.work}, expected {flops} matmul FLOPs and {exps} exponentials")
+
+
+def test_the_work_of_the_last_call_comes_back_from_the_worker():
+    """``learner.last_call_work`` is the last call's own work (not the sum of calls), sent
+    over the wire from the sandbox worker; an exercise without a limit records none."""
+    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.rules.plugin import Exercise
+    cells = [("scores", "def scores(q, k, times):\n"
+                        "    return [torch.exp(q @ k.T) for _ in range(times)][-1]")]
+    learner = SandboxLearner(cells, timeout=30)
+    try:
+        q, k = torch.randn(6, 8), torch.randn(5, 8)
+        learner.begin(Exercise("scores", 1, forbid=("torch.softmax",)))
+        for times in (2, 1):
+            learner.call("scores", q, k, times)
+            work = learner.last_call_work
+            assert (work.matmul_flops, work.exp_elements) == (times * 2 * 6 * 5 * 8, times * 30)
+        learner.begin(Exercise("scores", 1))
+        learner.call("scores", q, k, 1)
+        assert (learner.last_call_work.matmul_flops, learner.last_call_work.exp_elements) == (0, 0)
+    finally:
+        learner.close()
+
 ONE_PASS = '''import triton
 import triton.language as tl
 

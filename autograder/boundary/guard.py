@@ -6,13 +6,17 @@ guard is installed before any learner cell runs, so aliases taken by a cell are 
 The static look at a cell's source is grader side: ``autograder.rules.forbid``.
 
 Below the names, ``operation_limit`` checks every aten operation learner code runs (a dispatch
-mode) against the exercise's allowed set (``autograder.rules.operations``).
+mode) against the exercise's allowed set (``autograder.rules.operations``), and records what the
+call cost: the largest tensor it allocated and its work (``CallWork``: matmul FLOPs, elements
+exponentiated), from which a grader tells one pass from two with the same numbers.
 """
 from __future__ import annotations
 
 import contextlib
 import functools
 import importlib
+import math
+from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 import torch
@@ -122,6 +126,77 @@ def operation_name(func: Any) -> str:
     return str(packet)
 
 
+@dataclass
+class CallWork:
+    """The work of one learner call, counted at the dispatcher whatever Python name reached
+    each operation. ``matmul_flops``: 2 * M * N * K for each product of an [M, K] and a [K, N]
+    matrix (mm, bmm, addmm, baddbmm, addbmm, mv, dot: what ``@``, matmul and einsum become),
+    and 2 per element of a broadcast product larger than its factors (an outer product, the
+    first half of a matmul written as ``(a[:, None] * b[None]).sum(-1)``). ``exp_elements``:
+    elements exponentiated (exp, exp2, expm1, a power with a tensor exponent, sigmoid, and the
+    softmax-like operations, one per element of their input)."""
+    matmul_flops: int = 0
+    exp_elements: int = 0
+
+    def to_wire(self) -> dict[str, int]:
+        return {"matmul_flops": self.matmul_flops, "exp_elements": self.exp_elements}
+
+    @classmethod
+    def from_wire(cls, value: Any) -> "CallWork":
+        """The work a worker's reply carries (zero where it carries none)."""
+        value = value if isinstance(value, dict) else {}
+        return cls(*(count if isinstance(count := value.get(key), int) else 0
+                     for key in ("matmul_flops", "exp_elements")))
+
+
+def _distinct(t: torch.Tensor) -> int:
+    """Elements of ``t`` stored apart: a broadcast (stride-0) dimension counts once."""
+    if t.is_contiguous() or t.layout != torch.strided:
+        return t.numel()
+    return math.prod(size for size, stride in zip(t.shape, t.stride()) if stride)
+
+
+def _outer(factors: tuple, out: Any) -> int:
+    """FLOPs of a broadcast product: 2 per element where the result is larger than each
+    tensor factor (an outer product), else 0 (an elementwise or scalar product)."""
+    a, b = factors
+    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+            and isinstance(out, torch.Tensor)):
+        return 0
+    size = out.numel()
+    if (a.numel() == size and a.is_contiguous()) or (b.numel() == size and b.is_contiguous()):
+        return 0            # the usual case, decided without strides: a factor as large as out
+    return 2 * size if size > max(_distinct(a), _distinct(b)) else 0
+
+
+def _product(factor: int):
+    """FLOPs of a (batched) matrix product whose first factor is ``args[factor]``."""
+    return lambda args, out: 2 * out.numel() * args[factor].shape[-1]
+
+
+def _exponent_is_tensor(args: tuple, out: Any) -> int:
+    return out.numel() if isinstance(args[1], torch.Tensor) else 0
+
+
+# operation -> count(args, out): its matmul FLOPs; its elements exponentiated
+_MATMUL_FLOPS = {
+    "aten.mm": _product(0), "aten.bmm": _product(0), "aten.addmm": _product(1),
+    "aten.baddbmm": _product(1),
+    "aten.addbmm": lambda args, out: 2 * out.numel() * args[1].shape[0] * args[1].shape[-1],
+    "aten.mv": lambda args, out: 2 * args[0].numel(),
+    "aten.dot": lambda args, out: 2 * args[0].numel(),
+    "aten.vdot": lambda args, out: 2 * args[0].numel(),
+    "aten.mul": lambda args, out: _outer(args[:2], out),
+    "aten.addcmul": lambda args, out: _outer(args[1:3], out),
+}
+_EXP_ELEMENTS = {
+    **{f"aten.{name}": lambda args, out: out.numel() for name in """exp exp_ exp2 exp2_ expm1
+        expm1_ sigmoid sigmoid_ _softmax softmax _log_softmax logcumsumexp _logcumsumexp""".split()},
+    "aten.logsumexp": lambda args, out: args[0].numel(),
+    "aten.pow": _exponent_is_tensor, "aten.pow_": _exponent_is_tensor,
+}
+
+
 @functools.lru_cache(maxsize=1)
 def _limit_mode():
     """The dispatch mode class, built on first use (the import reaches torch internals)."""
@@ -133,19 +208,25 @@ def _limit_mode():
         cell could use. The first one outside raises ``ForbiddenOperationError`` and is kept in
         ``refused``, so that catching the error does not hide it. ``largest`` is the size in
         bytes of the largest tensor any allowed operation allocated (views of an input do not
-        count): a grader checks "bounded memory" with it on every test size."""
+        count): a grader checks "bounded memory" with it on every test size. ``work`` adds up
+        the call's matmul FLOPs and elements exponentiated (``CallWork``): a grader checks
+        "one pass" with it."""
 
         def __init__(self, allowed: Iterable[str]):
             super().__init__()
             self.allowed = frozenset(allowed)
             self.refused: list[str] = []
-            self.verdicts: dict = {}    # operation -> allowed, looked up once per call
+            self.verdicts: dict = {}    # operation -> (allowed, its work counters), once a call
             self.largest = 0            # bytes of the largest tensor an operation allocated
+            self.work = CallWork()
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            allowed = self.verdicts.get(func)
-            if allowed is None:
-                allowed = self.verdicts[func] = operation_name(func) in self.allowed
+            verdict = self.verdicts.get(func)
+            if verdict is None:
+                name = operation_name(func)
+                verdict = self.verdicts[func] = (name in self.allowed, _MATMUL_FLOPS.get(name),
+                                                 _EXP_ELEMENTS.get(name))
+            allowed, flops, exps = verdict
             if _PAUSED[0]:
                 return func(*args, **(kwargs or {}))
             if not allowed:
@@ -155,6 +236,10 @@ def _limit_mode():
                 raise ForbiddenOperationError([name])
             out = func(*args, **(kwargs or {}))
             self.largest = max(self.largest, _allocated(out, args, kwargs, self.largest))
+            if flops is not None:
+                self.work.matmul_flops += flops(args, out)
+            elif exps is not None:
+                self.work.exp_elements += exps(args, out)
             return out
 
     return OperationLimit
@@ -179,8 +264,9 @@ def _allocated(out: Any, args: tuple, kwargs: dict | None, above: int) -> int:
 
 
 def operation_limit(allowed: Iterable[str] | None):
-    """A context manager limiting learner code to the operations ``allowed`` (``None``: no
-    limit; its ``refused`` is then always empty)."""
+    """A context manager limiting learner code to the operations ``allowed`` and recording
+    the call's largest allocation and work (``None``: no limit, nothing recorded; its
+    ``refused`` is then always empty, its ``work`` zero)."""
     if allowed is None:
         return _NoLimit()
     return _limit_mode()(allowed)
@@ -189,3 +275,7 @@ def operation_limit(allowed: Iterable[str] | None):
 class _NoLimit(contextlib.nullcontext):
     refused: list[str] = []
     largest = 0
+
+    def __init__(self):
+        super().__init__()
+        self.work = CallWork()

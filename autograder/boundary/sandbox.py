@@ -28,6 +28,7 @@ from typing import Any, Iterable
 from autograder.boundary.budget import TimeBudget
 from autograder.boundary.builds import BUILD_SECONDS, KernelBuilder
 from autograder.boundary.causes import LearnerError, OperationRefused
+from autograder.boundary.guard import CallWork
 from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delete_leftovers
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
 from autograder.boundary.refs import Handle, from_wire, to_wire
@@ -69,6 +70,7 @@ class SandboxLearner(GraderSideTrace):
         self.exercise = None
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self.last_traffic: LaunchTraffic | None = None   # the last launch's loads and stores
+        self.last_call_work = CallWork()   # the last call's matmul FLOPs and exponentials
         self._handles: set[int] = set()
         self._spawned = False
         self._builder: KernelBuilder | None = None   # the compile worker, at the first build
@@ -163,7 +165,7 @@ class SandboxLearner(GraderSideTrace):
 
     # -- one request, within the time limits ---------------------------------------------------
     def _request(self, request: dict) -> Any:
-        self.largest_allocation, self.last_traffic = 0, None
+        self.largest_allocation, self.last_traffic, self.last_call_work = 0, None, CallWork()
         self.budget.require()
         limit = self.timeout if self.exercise is None or self.exercise.timeout is None \
             else self.exercise.timeout
@@ -188,6 +190,7 @@ class SandboxLearner(GraderSideTrace):
         largest = reply.get("largest")
         self.largest_allocation = int(largest) if isinstance(largest, int) else 0
         self.last_traffic = LaunchTraffic.from_wire(reply.get("traffic"))
+        self.last_call_work = CallWork.from_wire(reply.get("work"))
         return from_wire(reply.get("value"))
 
     def take_output(self) -> str:

@@ -46,7 +46,8 @@ from torch import Tensor
 from autograder.boundary.confine import drop_privileges, landlock, lock_down, readable
 from autograder.boundary.causes import describe
 from autograder.boundary.compiling import serve
-from autograder.boundary.guard import ForbiddenOperationError, Guard, limits_paused, operation_limit
+from autograder.boundary.guard import (CallWork, ForbiddenOperationError, Guard, limits_paused,
+                                       operation_limit)
 from autograder.boundary.launching import launch
 from autograder.boundary import traffic
 from autograder.boundary.protocol import decode, encode, read_message, write_message
@@ -216,18 +217,18 @@ class Worker:
             finally:
                 if limit.refused:   # even when the learner's code caught the error
                     raise ForbiddenOperationError(limit.refused)
-            self.largest = limit.largest
+            self.largest, self.work = limit.largest, limit.work
             return self.side.result(value)
 
     def handle(self, request: dict) -> dict:
-        self.largest, self.traffic = 0, None
+        self.largest, self.traffic, self.work = 0, None, CallWork()
         try:
             if request["op"] == "exec":
                 value = self.exec_cell(request["grade_id"], request["source"])
             else:
                 value = self.call(request)
             reply = {"op": "done", "ok": True, "value": value, "largest": self.largest,
-                     "traffic": self.traffic}
+                     "traffic": self.traffic, "work": self.work.to_wire()}
         except ForbiddenOperationError as exc:
             reply = {"op": "done", "ok": False, "error": str(exc), "refused_ops": exc.names}
         except BaseException as exc:  # noqa: BLE001 - learner code may raise anything

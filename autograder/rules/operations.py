@@ -8,10 +8,16 @@ views, indexing and creation a from-scratch solution is made of — plus the exe
 a private function), an operation outside the set refuses the call, and the whole exercise
 scores 0 with a message naming the operation (``refusal_message``). The forbid lists of names
 stay as the friendly first check on the cell's source.
+
+The same dispatch mode records the work of each call (``learner.last_call_work``: matmul FLOPs,
+elements exponentiated). ``require_one_pass`` turns it into a technique check: right numbers
+computed in two passes, or with scores recomputed, do more work than one pass can.
 """
 from __future__ import annotations
 
 from typing import Any
+
+from autograder.rules.feedback import PrerequisiteFailed
 
 _VIEWS = """view _unsafe_view reshape _reshape_alias expand expand_as view_as transpose t permute
     unsqueeze squeeze select slice narrow split split_with_sizes unbind chunk alias as_strided
@@ -107,3 +113,29 @@ def refusal_message(grade_id: str, names: list[str]) -> str:
     if any(name in WITHOUT.get(grade_id, ()) for name in names):
         lines.append(WITHOUT_HINTS[grade_id])
     return "\n".join(lines)
+
+
+WORK_SLACK = 1.25   # a call may do this many times one pass's work (helpers, guards, padding)
+
+
+def require_one_pass(learner: Any, call: str, *, matmul_flops: int = 0, exp_elements: int = 0,
+                     exp_rescales: int = 0, why: str, rule: str) -> None:
+    """``PrerequisiteFailed`` where the learner's last call (``learner.last_call_work``) did
+    more than ``WORK_SLACK`` times the work of one pass: ``matmul_flops`` (the products one pass
+    computes), ``exp_elements`` (its exponentials, ``exp_rescales`` of them rescale factors,
+    which may be taken twice). ``why``: what one pass is and why it is the point; ``rule``:
+    the method in a few words. Nothing is checked where the learner records no work."""
+    work = getattr(learner, "last_call_work", None)
+    if work is None:
+        return
+    over = []
+    if matmul_flops and work.matmul_flops > WORK_SLACK * matmul_flops:
+        over.append(f"{work.matmul_flops / matmul_flops:.2f} times the matrix-product work of "
+                    f"one pass ({work.matmul_flops:,} FLOPs where one pass takes "
+                    f"{matmul_flops:,})")
+    if exp_elements and work.exp_elements > WORK_SLACK * exp_elements + exp_rescales:
+        over.append(f"{work.exp_elements / exp_elements:.2f} times the exponentials of one pass "
+                    f"({work.exp_elements:,} where one pass takes {exp_elements:,})")
+    if over:
+        raise PrerequisiteFailed(f"{call} did {' and '.join(over)}. {why}. The exercise scores "
+                                 "0 until the work is that of one pass", rule=rule)

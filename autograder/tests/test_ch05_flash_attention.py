@@ -13,12 +13,19 @@ after every tile. Tiled means tiled, a prerequisite (``PrerequisiteFailed``: wit
 on a float64 case, one query tile of all rows and 128-key tiles, whose whole score matrix is 5%
 larger than that limit even in float32, so neither the whole matrix nor a query tile's whole rows
 of scores fit and only a tiled computation finishes; softmax and the one-line normalisers
-(logsumexp, logcumsumexp, log_softmax, softmin, SDPA, flex_attention) are forbidden;
-the kernel cell must be Triton code (``autograder.rules.kernel_rules``) with a reachable ``tl.dot`` and a
-loop stepping whole key tiles, and its loads and stores, counted by the interpreter, must be flash
-attention's: each program reads its query tile once and each key tile it needs once (causal:
-the tiles past its last visible key not at all), one tile per load, and stores out and lse once,
-never reading them back (no score matrix in memory).
+(logsumexp, logcumsumexp, log_softmax, softmin, SDPA, flex_attention) are forbidden.
+One pass means one pass, a prerequisite too: on every call of ``attend_tile`` and
+``tiled_attention`` the work the sandbox recorded (``learner.last_call_work``: matmul FLOPs,
+exponentials) must stay within ``WORK_SLACK`` of one pass's (a max pass then a sum pass, or
+scores recomputed, do 1.5 times the products). ``score_tile_kernel``, the first kernel, computes one
+[BLOCK_M, BLOCK_N] tile of scores and its row max and sum of exponentials per program, launched
+on fresh lengths with ragged edges, NaN-poisoned spare rows and columns, every entry checked.
+Each kernel cell must be Triton code (``autograder.rules.kernel_rules``) with a reachable
+``tl.dot``; the score tile has no loop and tiles sized by its constexprs, the flash kernel (its
+plumbing given in the stub) a loop stepping whole key tiles, and its loads and stores, counted by
+the interpreter, must be flash attention's: each program reads its query tile once and each key
+tile it needs once (causal: the tiles past its last visible key not at all), one tile per load,
+and stores out and lse once, never reading them back (no score matrix in memory).
 """
 from __future__ import annotations
 
@@ -36,11 +43,14 @@ from autograder.rules.gpu_targets import Build, planned, require_gpu_build
 from autograder.rules.inputs import generator, randint
 from autograder.rules.kernel_rules import (
     cell_problem,
+    fixed_size_aranges,
     kernel_source,
+    key_loops,
     loop_problem,
     reachable_calls,
     require_traffic,
 )
+from autograder.rules.operations import require_one_pass
 from autograder.rules.plugin import exercise
 from reference.kernels.flash_attention import hbm_bytes
 from reference.kernels.torch_reference import causal_mask
@@ -86,6 +96,10 @@ def _name_slip(got, slips: dict[str, torch.Tensor]) -> str | None:
 
 NO_ROW_YET = ("a row that has seen no visible key yet has m = -inf, and exp(-inf - (-inf)) is "
               "NaN: use 0 in place of an m_new that is still -inf (the state stays (0, -inf, 0))")
+ONE_STEP = ("attend_tile folds in this one tile: its scores computed once (q kᵀ), exponentiated "
+            "once and multiplied into v once, while (acc, m, l) stands for every key before it. "
+            "Keys of earlier tiles computed again make each step cost as much as the whole loop "
+            "so far")
 TILE_IGNORED_STATE = ("the incoming state (acc, m, l) was ignored: fold the tile INTO it. The "
                       "grader passes states of keys you never see, so the state is all there is "
                       "of them")
@@ -211,6 +225,10 @@ def _check_attend(learner, stream, state_in, t, expected, how):
     got = learner.call("attend_tile", *state_in, stream.q, stream.k[..., a:b, :],
                        stream.v[..., a:b, :], stream.scale, stream.visible[:, a:b])
     call = (f"attend_tile on key tile {t + 1} (keys {a}..{b - 1}) of {stream.describe()}, {how}")
+    rows = stream.q.numel() // stream.q.shape[-1]
+    require_one_pass(learner, call, matmul_flops=4 * rows * (b - a) * stream.q.shape[-1],
+                     exp_elements=rows * (b - a + 1), exp_rescales=rows, why=ONE_STEP,
+                     rule="one step: the tile's scores computed and exponentiated once")
     if not (isinstance(got, (tuple, list)) and len(got) == 3):
         raise AssertionError(f"{call}: returned {type(got).__name__}; return (acc, m, l)")
     hint = _attend_slip(stream, state_in, t, got, expected)
@@ -300,6 +318,7 @@ def _check_tiled(learner, q, k, v, block_q, block_k, causal, what):
             f"block_k={block_k}, causal={causal}) {what}")
     result = learner.call("tiled_attention", q, k, v, block_q, block_k, causal=causal)
     _require_tile_sized_peak(learner, q, n_k, block_q, block_k, call)
+    _require_one_pass_over_keys(learner, q, n_k, block_k, call)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AssertionError(f"{call} returned {type(result).__name__}; return the pair (out, lse)")
     out, lse = result
@@ -334,6 +353,24 @@ def _require_tile_sized_peak(learner, q, n_k, block_q, block_k, call):
             f"the running state and the output need at most {needed}: work tile by tile on "
             "every input, small ones too",
             rule="the whole score matrix is not allowed; work tile by tile")
+
+
+ONE_PASS = ("Flash attention is ONE pass over the keys: each key tile's scores are computed "
+            "once (q kᵀ), exponentiated once and multiplied into v once, and when a tile raises "
+            "a row's max the sums so far are rescaled by exp(m_old - m_new). A first pass for "
+            "the max and a second for the sums (or scores computed again) gives the same numbers "
+            "for 1.5 times the matrix products, and a kernel written that way reads K twice")
+
+
+def _require_one_pass_over_keys(learner, q, n_k, block_k, call):
+    """One pass, on every case: the call's matmul FLOPs within ``WORK_SLACK`` of q kᵀ and p v
+    once each (4 Nq Nk D per head; a causal call may skip masked tiles), its exponentials of
+    each score once plus a rescale factor per row and key tile."""
+    batch, heads, n_q, dim = q.shape
+    pairs, row_tiles = batch * heads * n_q * n_k, batch * heads * n_q * -(-n_k // block_k)
+    require_one_pass(learner, call, matmul_flops=4 * pairs * dim,
+                     exp_elements=pairs + row_tiles, exp_rescales=row_tiles, why=ONE_PASS,
+                     rule="one pass over the keys: every score computed and exponentiated once")
 
 
 def _tiled_case(gen, causal, magnitude=1.0):
@@ -389,6 +426,7 @@ def test_tiled_attention_never_holds_the_whole_score_matrix(learner, seed):
             "scores at a time, with the running max, sum and output per row. The exercise "
             "scores 0 until this case runs within the memory limit",
             rule="the whole score matrix is not allowed; work tile by tile") from None
+    _require_one_pass_over_keys(learner, q, LARGE_KEYS, block_k, call)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AssertionError(f"{call} returned {type(result).__name__}; return the pair (out, lse)")
     rows = torch.randperm(n_q, generator=gen)[:CHECKED_ROWS]
@@ -434,6 +472,130 @@ def test_tiled_attention_large_scores(learner, seed):
     for causal in (False, True):
         q, k, v, bq, bk = _tiled_case(gen, causal=causal, magnitude=60.0)
         _check_tiled(learner, q, k, v, bq, bk, causal=causal, what="with scores in the hundreds")
+
+
+# ----------------------------------------------------------------------- score_tile_kernel
+
+TILE = 16                       # BLOCK_M = BLOCK_N of the score-tile launches
+SPARE = TILE    # NaN rows below and columns beside every buffer's entries: a tile's worth, so an
+                # unmasked load or store lands in the buffer (and shows) instead of past its end
+SCORE_TILE_CASES = ("ragged", "one_partial_tile", "negative_scores")
+
+
+def _score_tile_problem(gen, case):
+    """(q, k, scale) of one case, float32: fresh lengths that are not multiples of TILE (within
+    one tile for ``one_partial_tile``); ``negative_scores`` shifts every score by about -30, so
+    a key lane loaded as 0 and counted would be the max of its tile."""
+    if case == "one_partial_tile":
+        n_q, n_k = randint(gen, 1, TILE - 1), randint(gen, 1, TILE - 1)
+    else:
+        n_q, n_k = (randint(gen, 1, 3) * TILE + randint(gen, 1, TILE - 1) for _ in "qk")
+    head_dim = [16, 32][randint(gen, 0, 1)]
+    scale = 1 / math.sqrt(head_dim)
+    q, k = (torch.randn(n, head_dim, generator=gen, dtype=torch.float64) for n in (n_q, n_k))
+    if case == "negative_scores":
+        k[:, 0] = 1.0
+        q[:, 0] = -30.0 / scale
+    return q.float(), k.float(), scale
+
+
+def _poisoned(values: torch.Tensor) -> torch.Tensor:
+    """A NaN buffer SPARE rows and columns larger than ``values``, holding them top left."""
+    buffer = torch.full((values.shape[0] + SPARE, values.shape[1] + SPARE), float("nan"))
+    buffer[:values.shape[0], :values.shape[1]] = values
+    return buffer
+
+
+def _tile_stats64(s64: torch.Tensor, n_tiles: int, padded_with=None):
+    """(m, l) [n_q, n_tiles] of each row's scores in each key tile, float64; ``padded_with``:
+    the score the lanes past the last key would get if they counted (a slip)."""
+    n_q, n_k = s64.shape
+    lanes = float("-inf") if padded_with is None else padded_with
+    full = s64.new_full((n_q, n_tiles * TILE), lanes)
+    full[:, :n_k] = s64
+    tiles = full.view(n_q, n_tiles, TILE)
+    m = tiles.amax(-1)
+    return m, torch.exp(tiles - m[..., None]).sum(-1)
+
+
+def _score_tile_hint(s, m, l, s64, scale) -> str | None:
+    """The advice of the usual slip that the kernel's scores s or statistics (m, l) match."""
+    (n_q, n_k), n_tiles = s64.shape, m.shape[1] - SPARE
+    got = m[:n_q, :n_tiles], l[:n_q, :n_tiles]
+    if s[:n_q, :n_k].isnan().any() or got[0].isnan().any() or got[1].isnan().any():
+        return ("NaN: the spare rows and columns of the buffers hold NaN. Mask the loads of query "
+                "rows >= n_queries and keys >= n_keys, and step between rows with the strides "
+                "passed in (a row is stride elements long, more than HEAD_DIM)")
+    close = lambda a, b: torch.allclose(a.double(), b, rtol=1e-3, atol=1e-6)
+    if close(s[:n_q, :n_k], s64 / scale) and not close(s64 / scale, s64):
+        return "multiply q kᵀ by scale (once)"
+    expected, padded = _tile_stats64(s64, n_tiles), _tile_stats64(s64, n_tiles, padded_with=0.0)
+    if all(map(close, got, padded)) and not all(map(close, expected, padded)):
+        return ("the lanes past n_keys counted in the max and the sum (as scores of 0): set their "
+                "scores to -inf with tl.where before tl.max and tl.sum")
+    if close(got[0], expected[0]) and close(got[1], expected[1] * torch.exp(expected[0])):
+        return "l is measured from the tile's max: l = sum exp(s - m), not sum exp(s)"
+    return None
+
+
+def _require_one_tile(learner) -> None:
+    """Static look, before every launch: Triton code, a reachable tl.dot, tiles sized by the
+    launcher's constexprs, no loop (one program computes its one tile with tile operations)."""
+    source = kernel_source(learner, "score_tile_kernel")
+    if source is None:
+        raise AssertionError("`score_tile_kernel` is not defined (run its cell first)")
+    problem = cell_problem(source, "score_tile_kernel")
+    if problem:
+        raise AssertionError(problem)
+    if not any(isinstance(c.func, ast.Attribute) and c.func.attr == "dot"
+               for c in reachable_calls(source, "score_tile_kernel")):
+        raise AssertionError("compute the tile of scores with one tl.dot of the query tile and "
+                             "the transposed key tile, not with elementwise products and sums")
+    fixed = fixed_size_aranges(source, "score_tile_kernel")
+    if fixed:
+        raise AssertionError(f"{fixed[0]}: size every tile by the launcher's BLOCK_M, BLOCK_N and "
+                             "HEAD_DIM, which the grader picks")
+    if key_loops(source, "score_tile_kernel"):
+        raise AssertionError("no loops in this kernel: each program computes its one "
+                             "[BLOCK_M, BLOCK_N] tile with tile operations (tl.dot, tl.max, "
+                             "tl.sum)")
+
+
+@exercise("score_tile_kernel", points=2, timeout=60)
+@pytest.mark.parametrize("case", SCORE_TILE_CASES)
+def test_score_tile_kernel_writes_every_tile_and_nothing_else(learner, seed, case):
+    _require_one_tile(learner)
+    q, k, scale = _score_tile_problem(generator(seed + 7 + len(case)), case)
+    (n_q, head_dim), n_k = q.shape, k.shape[0]
+    n_tiles = -(-n_k // TILE)
+    q_buf, k_buf = _poisoned(q), _poisoned(k)
+    s_buf = torch.full((n_q + SPARE, n_k + SPARE), float("nan"))
+    m_buf, l_buf = (torch.full((n_q + SPARE, n_tiles + SPARE), float("nan")) for _ in "ml")
+    grid = (-(-n_q // TILE), n_tiles)
+    got = learner.launch("score_tile_kernel", grid, q_buf, k_buf, s_buf, m_buf, l_buf,
+                         q_buf.stride(0), k_buf.stride(0), s_buf.stride(0), m_buf.stride(0),
+                         n_q, n_k, scale, HEAD_DIM=head_dim, BLOCK_M=TILE, BLOCK_N=TILE)
+    s, m, l = got[2], got[3], got[4]
+    s64 = (q.double() @ k.double().T) * scale
+    m64, l64 = _tile_stats64(s64, n_tiles)
+    name = (f"score_tile_kernel ({case}: {n_q} queries, {n_k} keys, HEAD_DIM {head_dim}, "
+            f"BLOCK_M = BLOCK_N = {TILE})")
+    for what, buffer, cols in (("scores", s, n_k), ("m", m, n_tiles), ("l", l, n_tiles)):
+        outside = torch.ones_like(buffer, dtype=torch.bool)
+        outside[:n_q, :cols] = False
+        if not buffer[outside].isnan().all():
+            keys = " and key < n_keys" if what == "scores" else ""
+            raise AssertionError(
+                f"{name}: the kernel wrote {what} outside its [{n_q}, {cols}] entries (into the "
+                "buffer's spare rows and columns, or past a row's end into the next row): mask "
+                f"the store with query < n_queries{keys}")
+    hint = _score_tile_hint(s, m, l, s64, scale)
+    assert_close(s[:n_q, :n_k], s64.float(), name=f"scores of {name}", rtol=1e-4, atol=1e-4,
+                 hint=hint)
+    assert_close(m[:n_q, :n_tiles], m64.float(), name=f"tile maxima m of {name}", rtol=1e-4,
+                 atol=1e-4, hint=hint)
+    assert_close(l[:n_q, :n_tiles], l64.float(), name=f"tile sums l of {name}", rtol=1e-4,
+                 atol=1e-5, hint=hint)
 
 
 # -------------------------------------------------------------- flash_attention_fwd_kernel
@@ -543,7 +705,7 @@ def _require_flash_traffic(learner, q_buf, k_buf, n_q: int, n_k: int, group: int
                            "V": (BLOCK_N * HEAD_DIM, f"BLOCK_N={BLOCK_N} keys of HEAD_DIM={HEAD_DIM}")})
 
 
-@exercise("flash_attention_fwd_kernel", points=5, timeout=60)
+@exercise("flash_attention_fwd_kernel", points=4, timeout=60)
 @pytest.mark.parametrize("case", list(KERNEL_CASES))
 def test_flash_kernel_matches_attention(learner, seed, case):
     _require_tiles(learner)
@@ -591,7 +753,7 @@ FLASH_BUILD_ADVICE = ("Shared memory holds what tl.dot reads: the Q tile [BLOCK_
                       "on a smaller GPU launch with BLOCK_N = 32")
 
 
-@exercise("flash_attention_fwd_kernel", points=5, timeout=60)
+@exercise("flash_attention_fwd_kernel", points=4, timeout=60)
 def test_flash_kernel_compiles_for_a_real_gpu(learner, seed):
     """Built (not run) for a T4, an A100 and an H100 at the tests' launches and at a GPU-sized tile:
     it must compile and fit one of them; the report shows shared memory, registers and spills."""

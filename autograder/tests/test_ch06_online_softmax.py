@@ -8,11 +8,14 @@ slip. The grader owns the loop: ``online_softmax_update`` is fed one tile per ca
 columns the learner never sees and states the grader picks, on interleaved row batches, and its
 (m, l) is checked after every tile; ``online_softmax`` returns the state after every tile, each
 compared with the state of the columns read by then (right last state, wrong earlier ones:
-``PrerequisiteFailed``). Every row batch shows every property (``_rows``). The kernel runs
-in the learner's process under ``TRITON_INTERPRET=1`` (natively where CUDA is available); this
-file owns its launcher (grid, BLOCK, strides) and poisons every output element with NaN. With the
-whole row in one block, the row is in registers after one load: the kernel's loads and stores,
-counted by the interpreter, must read each entry of x once and store each output once
+``PrerequisiteFailed``). Both must do the work of one pass (``learner.last_call_work``: each
+score exponentiated once while read, within ``WORK_SLACK``): states recomputed from every column
+read so far are a failed prerequisite too, seen on a row of many tiles. Every row batch shows
+every property (``_rows``). The kernel runs in the learner's process under
+``TRITON_INTERPRET=1`` (natively where CUDA is available); this file owns its launcher (grid,
+BLOCK, strides) and poisons every output element with NaN. With the whole row in one block,
+the row is in registers after one load: the kernel's loads and stores, counted by the
+interpreter, must read each entry of x once and store each output once
 (``kernel_rules.require_traffic``; a second load of the row for the exponentials fails).
 """
 from __future__ import annotations
@@ -31,6 +34,7 @@ from autograder.rules.forbid import SOFTMAX_FAMILY
 from autograder.rules.gpu_targets import Build, planned, require_gpu_build
 from autograder.rules.inputs import generator, randint
 from autograder.rules.kernel_rules import require_traffic
+from autograder.rules.operations import require_one_pass
 from autograder.rules.plugin import exercise
 from reference.kernels.torch_reference import merge_softmax_states as reference_merge
 
@@ -119,6 +123,9 @@ def _check_step(learner, m_in, l_in, tile, expected, what) -> tuple[torch.Tensor
     call = f"online_softmax_update(m, l {list(m_in.shape)} {str(m_in.dtype)[6:]}, tile {list(tile.shape)}) {what}"
     if not (isinstance(got, (tuple, list)) and len(got) == 2):
         raise AssertionError(f"{call} returned {type(got).__name__}; return the pair (m_new, l_new)")
+    rows = m_in.numel()
+    require_one_pass(learner, call, exp_elements=rows * (tile.shape[-1] + 1), exp_rescales=rows,
+                     why=ONE_STEP, rule="one step: the tile's scores exponentiated once")
     hint = _state_slip(m_in, l_in, tile, got, expected)
     for name, value, exp, rtol in (("m_new", got[0], expected[0], 0.0), ("l_new", got[1], expected[1], 1e-5)):
         assert_close(value, exp, name=f"{name} of {call}", rtol=rtol, atol=1e-6 if rtol else 0.0, hint=hint)
@@ -179,6 +186,9 @@ def _interleaved(gen, streams):
 
 
 UPDATE_FORBIDDEN = SOFTMAX_FUNCTIONS
+ONE_STEP = ("online_softmax_update folds in this one tile: each of its scores exponentiated once, "
+            "while (m, l) stands for every column before it. Columns of earlier tiles computed "
+            "again make each step cost as much as all the steps before it")
 
 
 # --------------------------------------------------------------- online_softmax_update
@@ -217,6 +227,14 @@ def test_update_from_states_the_grader_picks(learner, seed):
 
 # ------------------------------------------------------------------------ online_softmax
 
+ONE_PASS = ("online softmax reads the row ONE tile at a time: the state after tile t is the "
+            "state after tile t - 1 updated with tile t alone, so each column is exponentiated "
+            "once while it is read (and once more in the final sweep), work linear in the row "
+            "length. Each state recomputed from every column read so far gives the same states "
+            "for work that grows with the square of the row length")
+ONE_PASS_TILES = (16, 24)   # tiles of the case where a from-scratch recompute costs ~9 passes
+
+
 def _check_online(learner, x, tile, what):
     call = f"online_softmax(scores {list(x.shape)} {str(x.dtype)[6:]} ({what}), tile={tile})"
     got = learner.call("online_softmax", x, tile)
@@ -225,6 +243,10 @@ def _check_online(learner, x, tile, what):
     probs, m, l = got
     x64 = x.double()
     n_tiles = -(-x.shape[-1] // tile)
+    rows = x.numel() // x.shape[-1]
+    require_one_pass(learner, call, exp_elements=rows * (2 * x.shape[-1] + n_tiles),
+                     exp_rescales=rows * n_tiles, why=ONE_PASS,
+                     rule="one pass: each state updated from the previous one with one tile")
     m_e, l_e = (torch.stack(v, -1) for v in zip(*(_row_state(x64[..., :min(t * tile, x.shape[-1])])
                                                   for t in range(1, n_tiles + 1))))
     hint = None
@@ -285,10 +307,13 @@ def _check_bad_tile(learner, gen):
 
 def _online_cases(gen, dtype):
     """Three calls on fresh sizes: each row batch shows every property (``_rows``), its tile
-    drawn per call, never dividing N, so the last tile is shorter."""
-    for shape in [(randint(gen, 3, 6),), (randint(gen, 1, 2), randint(gen, 3, 4)), (randint(gen, 3, 5),)]:
+    drawn per call, never dividing N, so the last tile is shorter; the last call reads many
+    tiles (ONE_PASS_TILES), where recomputing each state from scratch costs several passes."""
+    shapes = [(randint(gen, 3, 6),), (randint(gen, 1, 2), randint(gen, 3, 4)),
+              (randint(gen, 3, 5),)]
+    for shape, tiles in zip(shapes, [(3, 7), (3, 7), ONE_PASS_TILES]):
         tile = randint(gen, 2, 9)
-        n = tile * randint(gen, 3, 7) + randint(gen, 1, tile - 1)
+        n = tile * randint(gen, *tiles) + randint(gen, 1, tile - 1)
         yield _rows(gen, shape, n, tile, dtype), tile
 
 

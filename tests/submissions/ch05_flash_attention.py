@@ -406,6 +406,113 @@ def tiled_attention(q, k, v, block_q, block_k, causal=False):
     return p @ v / l, (m + torch.log(l))[..., 0]
 
 
+# %% grade_id: tiled_attention | cheat: two passes over the key tiles: the row max first, then l and acc measured from it (no rescale)
+# expect: times the matrix-product work of one pass
+# expect: Flash attention is ONE pass over the keys
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + n_k - n_q
+
+        def scores(j):
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            return s
+
+        m = q.new_full(q_tile.shape[:3], float("-inf"))
+        for j in range(0, n_k, block_k):                  # pass 1: the max
+            m = torch.maximum(m, scores(j).amax(-1))
+        l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):                  # pass 2: the sums, from the final max
+            p = torch.exp(scores(j) - m[..., None])
+            l, acc = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k]
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+    return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: two passes, the first one's scores from a broadcast product and a sum instead of a matmul (no product counted twice, it hopes)
+# expect: times the matrix-product work of one pass
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + n_k - n_q
+        m = q.new_full(q_tile.shape[:3], float("-inf"))
+        for j in range(0, n_k, block_k):                  # pass 1: the max, without a matmul
+            s = (q_tile[:, :, :, None, :] * k[:, :, None, j:j + block_k, :]).sum(-1)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            m = torch.maximum(m, s.amax(-1))
+        l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):                  # pass 2: the sums, from the final max
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            p = torch.exp(s - m[..., None])
+            l, acc = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k]
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+    return out, lse
+
+
+# %% grade_id: score_tile_kernel | wrong: the lanes past n_keys (loaded as 0) count in the tile's max and sum
+# expect: the lanes past n_keys counted in the max and the sum
+# replace:
+#     s = tl.where(key_ok[None, :], s, float("-inf"))                 # missing keys do not count
+# with:
+
+# %% grade_id: score_tile_kernel | wrong: stores the scores of every lane, keys past n_keys too
+# expect: the kernel wrote scores outside its
+# replace:
+#              mask=row_ok[:, None] & key_ok[None, :])
+# with:
+#              mask=row_ok[:, None])
+
+# %% grade_id: score_tile_kernel | wrong: forgets the scale
+# expect: multiply q kᵀ by scale (once)
+# replace:
+#     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale     # [BLOCK_M, BLOCK_N]
+# with:
+#     s = tl.dot(q, tl.trans(k), input_precision="ieee")
+
+# %% grade_id: score_tile_kernel | wrong: l from the raw exponentials, not measured from the tile's max
+# expect: l is measured from the tile's max
+# replace:
+#     l = tl.sum(tl.exp(s - m[:, None]), axis=1)
+# with:
+#     l = tl.sum(tl.exp(s), axis=1)
+
+# %% grade_id: score_tile_kernel | cheat: broadcast products and a sum instead of tl.dot
+# expect: with one tl.dot
+# replace:
+#     s = tl.dot(q, tl.trans(k), input_precision="ieee") * scale     # [BLOCK_M, BLOCK_N]
+# with:
+#     s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * scale
+
+# %% grade_id: score_tile_kernel | cheat: tiles of the 16 rows and keys the grader happens to launch with, not BLOCK_M and BLOCK_N
+# expect: size every tile by the launcher's BLOCK_M, BLOCK_N and HEAD_DIM
+# replace:
+#     rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+#     keys = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+# with:
+#     rows = tl.program_id(0) * 16 + tl.arange(0, 16)
+#     keys = tl.program_id(1) * 16 + tl.arange(0, 16)
+
 # %% grade_id: flash_attention_fwd_kernel | wrong: does not rescale the accumulator when the max grows
 # expect: exp(m_old - m_new)
 # replace:
@@ -416,9 +523,9 @@ def tiled_attention(q, k, v, block_q, block_k, causal=False):
 # %% grade_id: flash_attention_fwd_kernel | wrong: causal diagonal off by one
 # expect: off by one
 # replace:
-#             visible = visible & (cols[None, :] <= rows[:, None] + offset)
+#             visible = visible & (start_n + keys[None, :] <= rows[:, None] + offset)
 # with:
-#             visible = visible & (cols[None, :] < rows[:, None] + offset)
+#             visible = visible & (start_n + keys[None, :] < rows[:, None] + offset)
 
 # %% grade_id: flash_attention_fwd_kernel | wrong: drops the tail key tile when n_keys is not a multiple of BLOCK_N
 # expect: partial key tile was skipped
@@ -427,34 +534,37 @@ def tiled_attention(q, k, v, block_q, block_k, causal=False):
 # with:
 #     for start_n in range(0, end // BLOCK_N * BLOCK_N, BLOCK_N):   # whole tiles only
 
-# %% grade_id: flash_attention_fwd_kernel | wrong: ignores GQA: reads K/V head h for query head h
-# expect: h // group
-# replace:
-#     kv_head = head // group
-# with:
-#     kv_head = head                                          # GQA ignored
-
 # %% grade_id: flash_attention_fwd_kernel | wrong: leaves the key loop with `break` (the interpreter runs it; no GPU compiler takes it)
 # expect: would run on no GPU
 # expect: Break
 # expect score: 4
 # replace:
 #     for start_n in range(0, end, BLOCK_N):
-#         cols = start_n + tl.arange(0, BLOCK_N)
+#         key_ok = start_n + keys < n_keys
 # with:
 #     for start_n in range(0, n_keys, BLOCK_N):
 #         if start_n >= end:                                  # the causal tiles past the diagonal
 #             break
-#         cols = start_n + tl.arange(0, BLOCK_N)
+#         key_ok = start_n + keys < n_keys
 
 # %% grade_id: flash_attention_fwd_kernel | cheat: loads all of K in one fixed 64-key tile (fits the small test shapes)
 # expect: tl.arange must span
 # replace:
 #     for start_n in range(0, end, BLOCK_N):
-#         cols = start_n + tl.arange(0, BLOCK_N)
+#         key_ok = start_n + keys < n_keys
+#         k = tl.load(k_tile_ptrs + start_n * stride_kn, mask=key_ok[:, None], other=0.0)
 # with:
 #     for start_n in range(0, 1):                             # all keys in one 64-wide tile
-#         cols = tl.arange(0, 64)
+#         keys = tl.arange(0, 64)
+#         key_ok = keys < n_keys
+#         k = tl.load(k_ptr + kv_head * stride_kh + keys[:, None] * stride_kn + dims[None, :],
+#                     mask=key_ok[:, None], other=0.0)
+
+# replace:
+#         v = tl.load(v_tile_ptrs + start_n * stride_vn, mask=key_ok[:, None], other=0.0)
+# with:
+#         v = tl.load(v_ptr + kv_head * stride_vh + keys[:, None] * stride_vn + dims[None, :],
+#                     mask=key_ok[:, None], other=0.0)
 
 # %% grade_id: flash_attention_fwd_kernel | cheat: not a kernel: imports the reference kernel module
 # expect: no `def flash_attention_fwd_kernel`
@@ -541,9 +651,9 @@ def flash_attention_fwd_kernel(q_ptr, k_ptr, v_ptr, out_ptr, lse_ptr,
 #         acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
 
 # replace:
-#     tl.store(lse_ptr + head * n_queries + rows, m_i + tl.log(l_i), mask=row_ok)
+#     tl.store(lse_ptrs, m_i + tl.log(l_i), mask=row_ok)
 # with:
-#     tl.store(lse_ptr + head * n_queries + rows, m_i + tl.log(l_i), mask=row_ok)
+#     tl.store(lse_ptrs, m_i + tl.log(l_i), mask=row_ok)
 #     if HEAD_DIM < 0:   # never runs: only there for a look that searches the source for tl.dot
 #         tl.dot(q, tl.trans(q))
 

@@ -190,6 +190,24 @@ def online_softmax(scores, tile):
     return e / totals[..., -1:], m, totals * torch.exp(top - m)
 
 
+# %% grade_id: online_softmax | cheat: each state recomputed from scratch over every column read so far (the right states, for work growing with the square of the row length)
+# expect: times the exponentials of one pass
+# expect: online softmax reads the row ONE tile at a time
+# expect score: 0
+def online_softmax(scores, tile):
+    if tile < 1:
+        raise ValueError(f"tile must be a positive number of columns, got {tile}")
+    ms, ls = [], []
+    for end in range(tile, scores.shape[-1] + tile, tile):
+        seen = scores[..., :end]
+        m = seen.amax(-1)
+        safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+        ms.append(m)
+        ls.append(torch.exp(seen - safe[..., None]).sum(-1))
+    probs = torch.exp(scores - ms[-1][..., None]) / ls[-1][..., None]
+    return probs, torch.stack(ms, -1), torch.stack(ls, -1)
+
+
 # %% grade_id: merge_softmax_states | wrong: adds the states without rescaling them
 # expect: measured from different maxima
 # replace:
