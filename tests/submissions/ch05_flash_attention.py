@@ -537,7 +537,7 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 # %% grade_id: flash_attention_fwd_kernel | wrong: leaves the key loop with `break` (the interpreter runs it; no GPU compiler takes it)
 # expect: would run on no GPU
 # expect: Break
-# expect score: 4
+# expect score: 3.2
 # replace:
 #     for start_n in range(0, end, BLOCK_N):
 #         key_ok = start_n + keys < n_keys
@@ -703,22 +703,18 @@ def flash_hbm_bytes(n_queries, n_keys, head_dim, block_m, element_bytes=2):
 # expect score: 0
 # replace:
 #     for start_n in range(0, end, BLOCK_N):
-#         cols = start_n + tl.arange(0, BLOCK_N)
-#         col_ok = cols < n_keys
+#         key_ok = start_n + keys < n_keys
 # with:
 #     for first_n in range(0, end, BLOCK_N):                  # a first pass for the row max
-#         cols = first_n + tl.arange(0, BLOCK_N)
-#         col_ok = cols < n_keys
-#         k = tl.load(k_ptr + kv_head * stride_kh + cols[:, None] * stride_kn + dims[None, :],
-#                     mask=col_ok[:, None], other=0.0)
+#         first_ok = first_n + keys < n_keys
+#         k = tl.load(k_tile_ptrs + first_n * stride_kn, mask=first_ok[:, None], other=0.0)
 #         s = tl.dot(q, tl.trans(k), input_precision="ieee") * sm_scale
-#         visible = col_ok[None, :]
+#         visible = first_ok[None, :]
 #         if CAUSAL:
-#             visible = visible & (cols[None, :] <= rows[:, None] + offset)
+#             visible = visible & (first_n + keys[None, :] <= rows[:, None] + offset)
 #         m_i = tl.maximum(m_i, tl.max(tl.where(visible, s, float("-inf")), axis=1))
 #     for start_n in range(0, end, BLOCK_N):
-#         cols = start_n + tl.arange(0, BLOCK_N)
-#         col_ok = cols < n_keys
+#         key_ok = start_n + keys < n_keys
 
 # %% grade_id: flash_attention_fwd_kernel | wrong: causal, but every key tile is loaded and masked instead of skipped
 # expect: more often than the technique does
