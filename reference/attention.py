@@ -78,26 +78,35 @@ def table_prefix(block_tables: Tensor, n_keys: int, block_size: int) -> Tensor:
     return block_tables[:, :-(-n_keys // block_size)].long().clamp_min(0)
 
 
+def additive_mask(visible: Tensor, dtype: torch.dtype) -> Tensor:
+    """A bool mask (True = key visible) as the 0 / -inf scores SDPA adds, made once per step:
+    SDPA would otherwise convert the bool mask itself in every layer (the same values)."""
+    return torch.zeros(visible.shape, dtype=dtype, device=visible.device).masked_fill_(~visible, float("-inf"))
+
+
 class PagedPlan:
     """What `paged_attention` needs that is the same in every layer of a step, computed once:
     the query rows and key blocks of the batched decodes, and per prefill chunk its rows, blocks
-    and causal mask. Arguments as in `paged_attention`, plus the pool's block_size."""
+    and causal mask (masks additive, in `dtype`: the queries'). Arguments as in
+    `paged_attention`, plus the pool's block_size."""
 
-    def __init__(self, block_tables: Tensor, context_lens: Tensor, query_lens: list[int], block_size: int):
+    def __init__(self, block_tables: Tensor, context_lens: Tensor, query_lens: list[int], block_size: int,
+                 dtype: torch.dtype = torch.float32):
         device = block_tables.device
         starts = [0]
         for n in query_lens:
             starts.append(starts[-1] + n)
         lens = [int(n) for n in context_lens.tolist()]
         decode = [b for b, n in enumerate(query_lens) if n == 1]
+        self.decode_only = len(decode) == len(query_lens)   # then the decode rows are all N rows, in order
         self.decode_rows = self.decode_blocks = self.decode_mask = None
         if decode:
             longest = max(lens[b] for b in decode)
             self.decode_rows = torch.tensor([starts[b] for b in decode], device=device)
             self.decode_blocks = table_prefix(block_tables[decode], longest, block_size)   # [B', m]
             keys = self.decode_blocks.shape[1] * block_size
-            self.decode_mask = (torch.arange(keys, device=device)[None, :]
-                                < context_lens[decode, None])[:, None, None, :]          # [B', 1, 1, L]
+            visible = torch.arange(keys, device=device)[None, :] < context_lens[decode, None]
+            self.decode_mask = additive_mask(visible, dtype)[:, None, None, :]            # [B', 1, 1, L]
         self.chunks = []     # (first row, last row + 1, blocks [m], mask [n, L]) per prefill chunk
         for b, n in enumerate(query_lens):
             if n > 1:
@@ -105,8 +114,8 @@ class PagedPlan:
                 blocks = table_prefix(block_tables[b:b + 1], length, block_size)[0]
                 query_positions = torch.arange(length - n, length, device=device)
                 keys = torch.arange(blocks.shape[0] * block_size, device=device)
-                mask = keys[None, :] <= query_positions[:, None]      # causal; past the end: masked
-                self.chunks.append((starts[b], starts[b + 1], blocks, mask))
+                visible = keys[None, :] <= query_positions[:, None]   # causal; past the end: masked
+                self.chunks.append((starts[b], starts[b + 1], blocks, additive_mask(visible, dtype)))
 
 
 def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: Tensor,
@@ -123,14 +132,12 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     context, padding masked out; each prefill chunk runs on its own (a Python loop over the few
     chunks of a step), so no query is padded to another sequence's length.
     """
-    plan = plan or PagedPlan(block_tables, context_lens, query_lens, k_cache.shape[1])
+    plan = plan or PagedPlan(block_tables, context_lens, query_lens, k_cache.shape[1], q.dtype)
+    if plan.decode_only:       # a pure decode step: no rows to pick out or scatter back
+        return decode_rows_attention(q, k_cache, v_cache, plan)
     out = torch.empty_like(q)
     if plan.decode_rows is not None:
-        k = gather_blocks(k_cache, plan.decode_blocks).transpose(1, 2)  # [B', H_kv, L, D]
-        v = gather_blocks(v_cache, plan.decode_blocks).transpose(1, 2)
-        o = F.scaled_dot_product_attention(q[plan.decode_rows][:, :, None], k, v,
-                                           attn_mask=plan.decode_mask, enable_gqa=True)   # [B', H, 1, D]
-        out[plan.decode_rows] = o[:, :, 0]
+        out[plan.decode_rows] = decode_rows_attention(q[plan.decode_rows], k_cache, v_cache, plan)
     for first, last, blocks, mask in plan.chunks:
         k = gather_blocks(k_cache, blocks).transpose(0, 1)[None]       # [1, H_kv, L, D]
         v = gather_blocks(v_cache, blocks).transpose(0, 1)[None]
@@ -138,3 +145,12 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
         o = F.scaled_dot_product_attention(chunk, k, v, attn_mask=mask, enable_gqa=True)
         out[first:last] = o[0].transpose(0, 1)
     return out
+
+
+def decode_rows_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: PagedPlan) -> Tensor:
+    """The decode rows of a step in one SDPA call: q [B', H, D] (row b: the plan's b-th decode
+    sequence) over its keys gathered to the longest context, the padding masked out -> [B', H, D]."""
+    k = gather_blocks(k_cache, plan.decode_blocks).transpose(1, 2)      # [B', H_kv, L, D]
+    v = gather_blocks(v_cache, plan.decode_blocks).transpose(1, 2)
+    o = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=plan.decode_mask, enable_gqa=True)
+    return o[:, :, 0]                                                   # [B', H, 1, D] -> [B', H, D]

@@ -2,7 +2,7 @@
 import torch
 
 from reference.context import DenseContext
-from reference.model import TINY, apply_rope, build_tiny, rope_tables, rotate_pairs
+from reference.model import TINY, apply_rope, build_tiny, rope_tables, rotate_complex
 
 
 def random_ids(gen, length):
@@ -60,9 +60,22 @@ def test_model_rope_tables_match_the_closed_form():
     positions = torch.tensor([0, 1, 37, TINY.max_seq_len - 1])
     cos, sin = rope_tables(TINY.head_dim, TINY.rope_base, positions)
     x = torch.randn(1, 1, 4, TINY.head_dim)
-    rotated_by_model = rotate_pairs(x.transpose(1, 2), model.rope_cos[positions], model.rope_sin[positions])
+    rotated_by_model = rotate_complex(x.transpose(1, 2), model.rope_turns[positions])
     torch.testing.assert_close(rotated_by_model.transpose(1, 2), apply_rope(x, cos, sin))
-    torch.testing.assert_close(model.rope_cos[positions, 0, 1::2], cos)
+    torch.testing.assert_close(model.rope_turns[positions, 0, :, 0], cos)
+
+
+def test_complex_rotation_gives_the_same_bits_as_the_pair_swap():
+    """The model rotates Q and K by one complex product; it must equal the three-op pair swap
+    exactly (same products, same sums), or greedy tokens could move at near-ties."""
+    cos, sin = rope_tables(64, 100000.0, torch.arange(300, 340))
+    qk = torch.randn(1, 40, 15 * 64)[..., :12 * 64].unflatten(-1, (-1, 64))   # a strided slice, as in Attention
+    by_pairs = apply_rope(qk.transpose(1, 2), cos, sin).transpose(1, 2)
+    by_complex = rotate_complex(qk, torch.stack((cos, sin), dim=-1)[:, None])
+    assert torch.equal(by_complex, by_pairs), \
+        f"complex rotation differs from rotate_pairs by up to {(by_complex - by_pairs).abs().max():.2e}"
+    half = rotate_complex(qk.half(), torch.stack((cos, sin), dim=-1)[:, None].half())
+    assert half.dtype == torch.float16, f"a float16 model's keys must stay float16, got {half.dtype}"
 
 
 def test_scores_depend_only_on_relative_position():
@@ -80,16 +93,16 @@ def test_query_heads_share_kv_heads_in_groups():
     model = build_tiny(3)
     attn = model.blocks[0].attn
     x = torch.randn(1, 4, TINY.d_model)
-    cos2, sin2 = model.rope_cos[:4], model.rope_sin[:4]
+    turns = model.rope_turns[:4]
     context = DenseContext.for_step(None, 4, None, x.device)   # no cache: causal over the 4 tokens
     captured = {}
     attn.o_proj.register_forward_hook(lambda mod, inp, out: captured.__setitem__("in", inp[0].clone()))
-    attn(x, cos2, sin2, context, 0)
+    attn(x, turns, context, 0)
     before = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     with torch.no_grad():
         v_rows = TINY.n_heads * TINY.head_dim + TINY.n_kv_heads * TINY.head_dim  # [q; k; v] fused
         attn.qkv_proj.weight[v_rows:v_rows + TINY.head_dim] = 0
-    attn(x, cos2, sin2, context, 0)
+    attn(x, turns, context, 0)
     after = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     changed = [(before[:, :, h] != after[:, :, h]).any().item() for h in range(TINY.n_heads)]
     assert changed == [h < TINY.group_size for h in range(TINY.n_heads)]
