@@ -27,7 +27,7 @@ from reference.kernels.chapter_builds import ptx_lines, tile_table
 from reference.kernels.launches import Launch, all_launches, matrix_problems, open_rows
 from reference.kernels.targets import CompileReport, compile_for, ptxas_usage
 
-SLICES = 24
+SLICES = 48
 ROOT = Path(__file__).resolve().parents[1]
 SOLUTION_CHAPTERS = ("ch05_flash_attention", "ch06_online_softmax", "ch07_flash_versions", "ch08_paged_attention")
 

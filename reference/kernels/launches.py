@@ -257,6 +257,14 @@ def solution_launches(load_solutions: Callable[[str], dict[str, str]]) -> list[L
         return kernel_from_source(load_solutions(chapter)[name], name, f"{chapter}:{name}")
 
     out = []
+    score_tile = kernel("ch05_flash_attention", "score_tile_kernel")
+    for head_dim, block, why in ((16, 16, "grader"), (64, 64, "GPU tile")):
+        q, scores = _empty(100, head_dim), _empty(100, 100)
+        stats = _empty(100, triton.cdiv(100, block))
+        out.append(Launch("ch05 score_tile_kernel", f"{why}: fp32 D={head_dim} {block}x{block}", score_tile,
+                          (q, q, scores, stats, stats, q.stride(0), q.stride(0), scores.stride(0),
+                           stats.stride(0), 100, 100, head_dim ** -0.5),
+                          {"HEAD_DIM": head_dim, "BLOCK_M": block, "BLOCK_N": block}))
     flash = kernel("ch05_flash_attention", "flash_attention_fwd_kernel")
     for head_dim, block, why in ((16, 16, "grader"), (64, 32, "GPU tile")):
         q, k = _empty(HEADS, 100, head_dim), _empty(KV_HEADS, 100, head_dim)
