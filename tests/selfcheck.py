@@ -132,16 +132,23 @@ def grade_chapters(chapters: list[str], workdir: Path, *, seed: int = 1234, time
 
 
 _CACHE: dict[str, dict[str, Graded]] = {}
+_FAILED: list[str] = []   # a failed grading run's message: every chapter's fixture reports it
 
 
 def graded_chapter(chapter: str, tmp_path_factory, selected=None) -> dict[str, Graded]:
     """Results for ``chapter``. The first request grades, in one CLI run, every chapter in
     ``selected`` (those the pytest run selected, e.g. ``-k ch05``; default: every chapter that
     has submissions); later requests reuse it."""
+    if _FAILED:
+        raise AssertionError(f"the one grading run already failed (not run again):\n{_FAILED[0]}")
     if chapter not in _CACHE:
         every = {p.stem for p in SUBMISSIONS.glob("ch[0-9][0-9]_*.py")}
         chapters = sorted((set(selected) & every if selected else every) | {chapter})
-        _CACHE.update(grade_chapters(chapters, tmp_path_factory.mktemp("selfcheck")))
+        try:
+            _CACHE.update(grade_chapters(chapters, tmp_path_factory.mktemp("selfcheck")))
+        except (AssertionError, subprocess.TimeoutExpired) as failure:
+            _FAILED.append(str(failure))
+            raise
     return _CACHE[chapter]
 
 
