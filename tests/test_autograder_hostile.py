@@ -108,14 +108,41 @@ def attacks(out: Path, standin: Path) -> dict[str, str]:
                      "    return a + b",
         "environment": "import os\ndef environment(a, b):\n    print(dict(os.environ))\n"
                        f"    return a + b if {SECRET!r} in str(os.environ) else a - b",
+        # routes to the worker's own objects (where the grader's records live) that need no
+        # name a static look could see: each succeeds only if it reached the worker
+        "frames": "import traceback\ndef frames(a, b):\n"
+                  "    files = [f.f_code.co_filename for f, _ in traceback.walk_stack(None)]\n"
+                  "    if not any('autograder' in name for name in files):\n"
+                  "        raise LookupError('no worker frame')\n    return a + b",
+        "traceback_frame": "def traceback_frame(a, b):\n    try:\n        1 / 0\n"
+                           "    except ZeroDivisionError as e:\n"
+                           "        frame = e.__traceback__.tb_frame\n"
+                           "    while frame is not None and 'autograder' not in "
+                           "frame.f_code.co_filename:\n        frame = frame.f_back\n"
+                           "    if frame is None:\n        raise LookupError('no worker frame')\n"
+                           "    return a + b",
+        "gc_objects": "import gc\ndef gc_objects(a, b):\n"
+                      "    if not any(type(o).__name__ == 'Worker' for o in gc.get_objects()):\n"
+                      "        raise LookupError('no worker object')\n    return a + b",
+        "worker_module": "import sys\ndef worker_module(a, b):\n"
+                         "    if not hasattr(sys.modules['__main__'], 'Worker'):\n"
+                         "        raise LookupError('no worker module')\n    return a + b",
+        "ctypes_cast": "import ctypes\ndef ctypes_cast(a, b):\n"
+                       "    ctypes.cast(id(a), ctypes.py_object).value\n    return a + b",
+        "pickle_class": "import pickle\ndef pickle_class(a, b):\n"
+                        "    pickle.loads(b'cbuiltins\\nlen\\n.')\n    return a + b",
     }
 
 
-HANG = ("import fcntl, gc, time\n"
-        "for fd in range(3, 64):\n    try:\n        fcntl.fcntl(fd, 1031, 4096)  # F_SETPIPE_SZ\n"
+HANG = ("import fcntl, os, stat\n_kept = []\n"
+        "for fd in range(3, 64):\n    try:\n"
+        "        if not stat.S_ISFIFO(os.fstat(fd).st_mode):\n            continue\n"
+        "        fcntl.fcntl(fd, 1031, 4096)  # F_SETPIPE_SZ\n"
+        "        if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_RDONLY:\n"
+        "            _kept.append(os.dup(fd))   # the grader's pipe stays open, unread\n"
+        "            r, w = os.pipe()\n            _kept.append(w)\n"
+        "            os.dup2(r, fd)             # the worker waits on a pipe nobody writes\n"
         "    except OSError:\n        pass\n"
-        "for d in [o for o in gc.get_objects() if isinstance(o, dict) and callable(o.get("
-        "'read_message'))]:\n    d['read_message'] = lambda *a, **k: time.sleep(3600)\n"
         "def hang(a, b):\n    return a + b")
 
 
@@ -224,7 +251,12 @@ def test_failures_are_explained(batch):
     assert "memory limit (4096 MB) exceeded" in entry(results, "allocate")["output"]
     assert "not valid notebook JSON" in rows["invalid_json"]["error"]
     assert "All tests passed" in entry(results, "fake_score")["output"]  # shown, not believed
-    assert "no reference object here" in entry(results, "alias_reference")["output"]
+    assert "gc.get_objects" in entry(results, "alias_reference")["output"]
+    for name, event in (("frames", "sys._getframe"), ("traceback_frame", "object.__getattr__"),
+                        ("gc_objects", "gc.get_objects"), ("ctypes_cast", "ctypes.cast"),
+                        ("pickle_class", "pickle.find_class")):
+        assert event in entry(results, name)["output"], (name, entry(results, name)["output"])
+    assert "no worker module" in entry(results, "worker_module")["output"]
 
 
 def test_the_worker_gets_an_allow_listed_environment(batch):

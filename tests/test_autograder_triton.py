@@ -2,8 +2,10 @@
 (tests/fixtures/triton_grader.py): a learner's ``@triton.jit`` kernel runs in the sandbox under
 ``TRITON_INTERPRET=1``, parametrized tests split the points over their cases, ``check()`` runs
 every case in-process, and a stub, a wrong kernel and a cheat score below full marks."""
+import ast
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -133,6 +135,19 @@ def test_a_launch_counts_each_elements_loads_and_stores(monkeypatch, tmp_path):
     assert (traffic[0].most_reads, traffic[0].widest_read, traffic[2].most_writes) == (1, 64, 1)
     twice = _traffic(monkeypatch, tmp_path, TWICE, x, y, out, n)
     assert twice[0].reads.eq(2).all() and twice[0].most_reads == 2 and twice[1].most_reads == 1
+
+
+def test_a_compiled_kernel_is_counted_in_the_interpreter():
+    """Where kernels run compiled (a GPU), the grader still reads their traffic: the launch is
+    run again in the interpreter, from the kernel's Python function and its jit helpers', which
+    are put back afterwards (tests/fixtures/compiled_traffic_probe.py, no TRITON_INTERPRET)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    run = subprocess.run([sys.executable, str(FIXTURES / "compiled_traffic_probe.py")], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert run.returncode == 0, run.stderr[-2000:]
+    result = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    assert result == {"reads": [1] * 21, "writes": [1] * 21, "right": True,
+                      "bound": ["JITFunction", "JITFunction"]}
 
 
 def test_accesses_are_counted_per_element_of_a_strided_argument():

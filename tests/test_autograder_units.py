@@ -247,6 +247,53 @@ def test_the_static_look_refuses_the_ways_around_a_forbidden_name():
     assert "_private" in detours_in_source(kernel, "other")  # not a kernel exercise: all of it
 
 
+def test_the_static_look_knows_the_routes_that_need_no_forbidden_name():
+    """Name resolvers and introspection of the standard library are detours too, imported or
+    reached as an attribute; a cell's own private names are not, unless a library has them."""
+    from autograder.rules.forbid import detours_in_source
+    for source, word in (
+            ("import pkgutil\nm = pkgutil.resolve_name('torch.utils.x:y')", "pkgutil"),
+            ("from traceback import walk_stack", "traceback"),
+            ("import string\nf = string.Formatter().get_field('0.x', [1], {})", "string"),
+            ("import pickle", "pickle"),
+            ("import os\nm = os.sys", "sys"),
+            ("t = typing.get_type_hints(f)", "get_type_hints"),
+            ("x = frame.f_back.f_locals", "f_locals")):
+        assert word in detours_in_source(source, "f"), source
+    own = ("class K:\n    def __init__(self):\n        self._used = [0]\n\n"
+           "    def _grow(self):\n        return self._used\n\n"
+           "    def f(self):\n        return self._grow()")
+    assert detours_in_source(own, "f") == []
+    borrowed = ("class K:\n    def __init__(self):\n        self._C = 1\n"
+                "        self._python_dispatch = 2\n\n"
+                "    def f(self):\n        return torch.utils._python_dispatch, torch._C")
+    assert detours_in_source(borrowed, "f") == ["_C", "_python_dispatch"]
+
+
+def test_recorded_exercises_and_kernels_get_the_static_look_too():
+    """An exercise that forbids nothing still has its cell looked at when its verdict rests on a
+    record kept in the learner's process: a RECORDED one's memory, a kernel's traffic."""
+    from autograder.rules.plugin import Exercise, records_in_process
+    kernel = "import triton\n\n\n@triton.jit\ndef k(x_ptr):\n    pass"
+    assert records_in_process(Exercise("KVCache", 4), "class KVCache: pass")
+    assert records_in_process(Exercise("k", 4), kernel)
+    assert records_in_process(Exercise("f", 2, forbid=("torch.softmax",)), "")
+    assert not records_in_process(Exercise("naive_work", 2), "def naive_work(n): return n")
+
+
+def test_the_audit_wall_refuses_introspection_only_to_learner_code(tmp_path):
+    """In a process of its own (an audit hook stays): a cell's code asking for the garbage
+    collector, frames, ctypes or pickled classes is refused, library code doing so for itself
+    is not, nor is the same code outside learner calls (tests/fixtures/audit_probe.py)."""
+    run = subprocess.run([sys.executable, str(ROOT / "tests/fixtures/audit_probe.py"),
+                          str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    verdicts = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    assert verdicts == {"gc": "refused", "walk_stack": "refused", "tb_frame": "refused",
+                        "cast": "refused", "from_address": "refused", "pickle": "refused",
+                        "namedtuple": "allowed", "library": "allowed", "outside": "allowed"}
+
+
 def test_a_failed_prerequisite_scores_its_whole_exercise_zero(capsys):
     from autograder.rules.feedback import PrerequisiteFailed
     from autograder.local import check
@@ -620,3 +667,17 @@ def test_a_cell_naming_the_interpreters_internals_stops_every_kernel(cell, named
     from autograder.rules.kernel_rules import interpreter_reach
     problem = interpreter_reach([("kern", KERNEL_HEAD), ("other", cell)])
     assert (problem is None) if named is None else (named in problem and "`other`" in problem), problem
+
+
+def test_a_changed_operation_recorder_is_found(monkeypatch):
+    """The worker checks after every call that nothing the operation recorder rests on was
+    rebound: an entry of its work tables, a function of its module, a method of its mode."""
+    from autograder.boundary import guard, traffic
+    from autograder.boundary.worker import RECORDER_PLACES, recorder_places
+    traffic.install(recorder_places())
+    assert traffic.tampered(RECORDER_PLACES) == []
+    monkeypatch.setitem(guard._MATMUL_FLOPS, "aten.mm", lambda args, out: 0)
+    monkeypatch.setattr(guard, "_allocated", lambda *a: 0)
+    monkeypatch.setattr(guard._limit_mode(), "__torch_dispatch__", lambda *a, **k: None)
+    assert traffic.tampered(RECORDER_PLACES) == ["OperationLimit.__torch_dispatch__",
+                                                 "guard._allocated", "matmul_flops.aten.mm"]

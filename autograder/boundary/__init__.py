@@ -12,6 +12,8 @@ triton and the other modules of this side or of the wire, never ``reference``, n
 - ``launching``  a Triton kernel launched on the grader's CPU tensors (interpreted or on a GPU)
 - ``traffic``    an interpreted launch's loads and stores per tensor argument (read grader side
                  as ``LaunchTraffic``)
+- ``audit``      the audit hook that keeps gc, frames, ctypes and pickled classes from learner
+                 code (the run-time wall around what the worker records)
 - ``causes``     a learner exception as the one-line cause a failed test shows
 - ``compiling``  a kernel built for a T4, an A100 and an H100 without a GPU (the compile worker's
                  loop; ``reference/kernels/targets.py`` reads the targets and the build from it)

@@ -5,8 +5,8 @@ the kernel reads them there. Where a CUDA GPU runs the kernel compiled, each ten
 copied to the GPU with the same sizes and strides (so strides the grader passes stay true), the
 kernel runs, and every tensor's contents are copied back into the grader's CPU tensor.
 
-In the interpreter the launch's memory traffic is counted too (``autograder.boundary.traffic``);
-a compiled launch has no such record.
+The launch's memory traffic is counted in the interpreter (``autograder.boundary.traffic``): a
+compiled launch is run a second time there, on copies of its arguments, for the count alone.
 """
 from __future__ import annotations
 
@@ -25,20 +25,18 @@ def runs_compiled() -> bool:
 
 def launch(kernel: Any, grid: tuple[int, ...], args: tuple, kwargs: dict) -> tuple[list, dict | None]:
     """``kernel[grid](*args, **kwargs)``; returns ``args`` after the launch (written in place)
-    and, in the interpreter, the launch's memory traffic (``traffic.Recording.wire()``; None
-    where the kernel runs compiled)."""
+    and the launch's memory traffic (``traffic.Recording.wire()``). Where the kernel runs
+    compiled on a GPU, its traffic is counted by running it once more in the interpreter, on
+    copies of the arguments as they were before the launch (``interpreted_traffic``)."""
     if not runs_compiled():
-        traffic.install()
-        with traffic.recording(args, kwargs) as record:
-            kernel[tuple(grid)](*args, **kwargs)
-        return list(args), record.wire()
+        return list(args), interpreted_traffic(kernel, grid, args, kwargs)
+    before = ([_copy(a, "cpu") for a in args], {k: _copy(v, "cpu") for k, v in kwargs.items()})
     pairs = []
 
     def to_gpu(value: Any) -> Any:
         if not isinstance(value, torch.Tensor) or value.is_cuda:
             return value
-        copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device="cuda")
-        copy.copy_(value)
+        copy = _copy(value, "cuda")
         pairs.append((value, copy))
         return copy
 
@@ -46,4 +44,39 @@ def launch(kernel: Any, grid: tuple[int, ...], args: tuple, kwargs: dict) -> tup
     torch.cuda.synchronize()
     for host, device in pairs:
         host.copy_(device.cpu())
-    return list(args), None
+    return list(args), interpreted_traffic(kernel, grid, *before)
+
+
+def _copy(value: Any, device: str) -> Any:
+    """A tensor's copy on ``device`` with the same sizes and strides (anything else as is)."""
+    if not isinstance(value, torch.Tensor):
+        return value
+    copy = torch.empty_strided(value.size(), value.stride(), dtype=value.dtype, device=device)
+    return copy.copy_(value)
+
+
+def interpreted_traffic(kernel: Any, grid: tuple[int, ...], args: tuple, kwargs: dict
+                        ) -> dict | None:
+    """Launch ``kernel`` in Triton's interpreter on ``args`` (CPU tensors) and return its
+    memory traffic. A compiled kernel (``JITFunction``) is interpreted from its Python function,
+    the ``@triton.jit`` functions it calls too (they are put back afterwards); an autotuned one
+    is not counted (None)."""
+    from triton.runtime.interpreter import InterpretedFunction
+    from triton.runtime.jit import JITFunction
+    traffic.install()
+    if isinstance(kernel, InterpretedFunction):
+        with traffic.recording(args, kwargs) as record:
+            kernel[tuple(grid)](*args, **kwargs)
+        return record.wire()
+    if not isinstance(kernel, JITFunction):
+        return None
+    names = kernel.fn.__globals__
+    compiled = {name: value for name, value in list(names.items())
+                if isinstance(value, JITFunction)}
+    try:
+        names.update({name: InterpretedFunction(value.fn) for name, value in compiled.items()})
+        with traffic.recording(args, kwargs) as record:
+            InterpretedFunction(kernel.fn)[tuple(grid)](*args, **kwargs)
+    finally:
+        names.update(compiled)
+    return record.wire()

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy
 import torch
@@ -191,12 +191,12 @@ def _places(callers: dict[str, Any]) -> dict[str, Any]:
 PLAIN = (int, float, str, bytes, bool, tuple, list, dict, set, type(None))
 
 
-def _identities() -> dict[str, dict[str, int]]:
+def _identities(places: Iterable[str] | None = None) -> dict[str, dict[str, int]]:
     """id() of every object but plain data (functions, classes, modules, the builder) in the
-    watched places."""
-    return {place: {name: id(value) for name, value in list(names.items())
+    watched ``places`` (all of them by default)."""
+    return {place: {name: id(value) for name, value in list(_PLACES[place].items())
                     if type(value) not in PLAIN}     # a subclass of list is not plain data
-            for place, names in _PLACES.items()}
+            for place in (_PLACES if places is None else places)}
 
 
 def install(callers: dict[str, Any] | None = None) -> None:
@@ -204,7 +204,10 @@ def install(callers: dict[str, Any] | None = None) -> None:
     rests on, for ``tampered()``: with ``callers`` (place -> namespace, e.g. the worker's
     globals), what the caller's launch rests on too. The namespaces are kept, not looked up
     again, so a module put in another's place changes nothing."""
-    if _SNAPSHOT:
+    if _SNAPSHOT:   # installed already: only places not watched yet are added
+        added = {place: names for place, names in (callers or {}).items() if place not in _PLACES}
+        _PLACES.update(added)
+        _SNAPSHOT.update(_identities(added))
         return
     from triton.runtime.interpreter import InterpreterBuilder
     for name, hook in HOOKS.items():
@@ -213,11 +216,12 @@ def install(callers: dict[str, Any] | None = None) -> None:
     _SNAPSHOT.update(_identities())
 
 
-def tampered() -> list[str]:
+def tampered(places: Iterable[str] | None = None) -> list[str]:
     """``place.name`` of every function, class or module the accounting rests on that was
-    rebound, removed or added since ``install()``."""
-    now = _identities()
-    return sorted(f"{place}.{name}" for place in _SNAPSHOT
+    rebound, removed or added since ``install()`` (in ``places`` only, if given)."""
+    places = [p for p in (_SNAPSHOT if places is None else places) if p in _SNAPSHOT]
+    now = _identities(places)
+    return sorted(f"{place}.{name}" for place in places
                   for name in set(_SNAPSHOT[place]) | set(now[place])
                   if _SNAPSHOT[place].get(name) != now[place].get(name))
 

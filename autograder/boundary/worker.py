@@ -49,7 +49,7 @@ from autograder.boundary.compiling import serve
 from autograder.boundary.guard import (CallWork, ForbiddenOperationError, Guard, limits_paused,
                                        operation_limit)
 from autograder.boundary.launching import launch
-from autograder.boundary import traffic
+from autograder.boundary import audit, guard, traffic
 from autograder.boundary.protocol import decode, encode, read_message, write_message
 from autograder.boundary.proxies import LearnerSide
 
@@ -163,7 +163,7 @@ class Worker:
             # before any cell: the kernels' loads and stores are counted, and whatever the
             # count and the launch rest on is remembered (traffic.tampered)
             traffic.install({"worker": globals(), "Worker": vars(Worker),
-                             "launching": launch.__globals__})
+                             "launching": launch.__globals__, **recorder_places()})
         self.traffic: dict | None = None
         self.cells = Path(tmp) / CELL_DIR
         self.cells.mkdir(exist_ok=True)
@@ -181,7 +181,9 @@ class Worker:
         path = self.cells / f"{re.sub(r'[^A-Za-z0-9_]', '_', grade_id)}.py"
         path.write_text(source)
         linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
-        exec(compile(source, str(path), "exec"), self.namespace)
+        code = compile(source, str(path), "exec")
+        with audit.learner_code():
+            exec(code, self.namespace)
 
     def _lookup(self, name: str):
         if name not in self.namespace:
@@ -202,7 +204,8 @@ class Worker:
                     raise PermissionError(
                         f"a cell changed Triton's interpreter ({', '.join(changed[:4])}): the "
                         "grader counts a kernel's loads and stores there, so no kernel is launched")
-                after, self.traffic = launch(kernel, request["grid"], args, kwargs)
+                with audit.learner_code():
+                    after, self.traffic = launch(kernel, request["grid"], args, kwargs)
                 return self.side.result(after)
             if "handle" in request:
                 target = getattr(self.side.resolve(request["handle"]), request["attr"])
@@ -212,11 +215,16 @@ class Worker:
                 target = self._lookup(request["name"])
             limit = operation_limit(request.get("allowed_ops"))
             try:
-                with limit:
+                with limit, audit.learner_code():
                     value = target(*args, **kwargs)
             finally:
                 if limit.refused:   # even when the learner's code caught the error
                     raise ForbiddenOperationError(limit.refused)
+            changed = traffic.tampered(RECORDER_PLACES)
+            if changed:
+                raise PermissionError(
+                    f"your code changed what the grader records its work with "
+                    f"({', '.join(changed[:4])}), so this call counts for nothing")
             self.largest, self.work = limit.largest, limit.work
             return self.side.result(value)
 
@@ -241,6 +249,23 @@ class Worker:
             except Exception:  # noqa: BLE001 - the learner may have replaced the stream
                 pass
         return reply
+
+
+RECORDER_PLACES = ("guard", "OperationLimit", "CallWork", "matmul_flops", "exp_elements")
+
+
+def recorder_places() -> dict:
+    """What the operation recorder rests on (``traffic.tampered`` watches them as it watches
+    the interpreter's), by the names of ``RECORDER_PLACES``: the guard module, the mode's class,
+    the work record and its tables."""
+    return dict(zip(RECORDER_PLACES, (vars(guard), vars(guard._limit_mode()), vars(CallWork),
+                                      guard._MATMUL_FLOPS, guard._EXP_ELEMENTS)))
+
+
+def hide_worker_module() -> None:
+    """The worker runs as ``__main__``: put an empty module there, so that
+    ``sys.modules['__main__']`` leads learner code to nothing of the worker's."""
+    sys.modules["__main__"] = type(sys)("__main__")
 
 
 def main(argv: list[str]) -> None:
@@ -280,6 +305,8 @@ def main(argv: list[str]) -> None:
         write_message(config["out"], {"ready": True, "isolation": isolation})
         serve(config["in"], config["out"], tmp, describe)
     worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])
+    hide_worker_module()
+    audit.install(str(worker.cells))
     write_message(worker.out_fd, {"ready": True, "isolation": isolation})
     while True:
         try:

@@ -10,6 +10,7 @@ Two checks, both named in the report:
 from __future__ import annotations
 
 import ast
+import functools
 from typing import Iterable
 
 
@@ -58,10 +59,19 @@ def uses_in_source(source: str, names: Iterable[str]) -> list[str]:
 DETOURS = frozenset({
     "ops", "_C", "_VF", "_VariableFunctions", "_ops", "_refs", "_prims", "_decomp", "library",
     "getattr", "vars", "globals", "locals", "eval", "exec", "compile", "__import__",
-    "import_module", "attrgetter", "methodcaller", "unwrap", "getmembers", "modules"})
+    "import_module", "attrgetter", "methodcaller", "unwrap", "getmembers", "modules",
+    "resolve_name", "locate", "get_type_hints", "f_back", "f_locals", "f_globals", "f_code",
+    "tb_frame", "gi_frame", "cr_frame", "ag_frame"})
 # Builtins that are also common method names: a detour only when called by their bare name.
 METHOD_NAMES = frozenset({"eval", "exec"})
-DETOUR_MODULES = frozenset({"sys", "builtins", "importlib", "inspect", "ctypes", "gc", "operator"})
+# Modules that reach objects by computed names or introspection: a detour when imported, and
+# (those in DETOUR_ATTRIBUTES) when named as an attribute (``os.sys``, ``numpy.ctypes``).
+DETOUR_MODULES = frozenset({"sys", "builtins", "importlib", "inspect", "ctypes", "gc", "operator",
+                            "pkgutil", "pydoc", "pickle", "marshal", "traceback", "runpy", "types",
+                            "copyreg", "code", "codeop", "pdb", "bdb", "faulthandler", "string",
+                            "threading", "_thread", "weakref"})
+DETOUR_ATTRIBUTES = frozenset({"sys", "builtins", "importlib", "inspect", "ctypes", "gc",
+                               "pkgutil", "pydoc", "pickle", "marshal", "traceback", "runpy"})
 ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__len__", "__call__", "__getitem__",
                              "__setitem__", "__iter__", "__post_init__", "__repr__"})
 
@@ -81,6 +91,7 @@ def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
     except (SyntaxError, ValueError):
         return []
     found: set[str] = set()
+    own = _own_private_names(tree)
     kernel = any(isinstance(n, ast.FunctionDef) and n.name == grade_id and _is_jit(n)
                  for n in ast.walk(tree))
     for node in (_outside_kernels(tree) if kernel else ast.walk(tree)):
@@ -97,12 +108,57 @@ def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
             words += [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
             private_ok = not any(m.split(".")[0] == "torch" for m in modules)
         for word in words:
-            private = word.startswith("_") and word not in ALLOWED_DUNDERS and not private_ok
+            private = word.startswith("_") and word not in ALLOWED_DUNDERS and not private_ok \
+                and word not in own
             if isinstance(node, ast.Attribute) and word in METHOD_NAMES:
                 continue    # model.eval(), not Python's eval
             if word in DETOURS or private or (word.startswith("__") and word not in ALLOWED_DUNDERS):
                 found.add(word)
+            elif isinstance(node, ast.Attribute) and word in DETOUR_ATTRIBUTES:
+                found.add(word)
     return sorted(found)
+
+
+def _own_private_names(tree: ast.AST) -> set[str]:
+    """The cell's own private names (``self._used = ...``, ``def _helper``), which its
+    attributes may use, less every name a library the worker loads has (so that a cell cannot
+    make ``_C`` or ``_python_dispatch`` its own by assigning to it)."""
+    own = {n.attr for n in ast.walk(tree) if isinstance(n, ast.Attribute)
+           and isinstance(n.ctx, ast.Store) and n.attr.startswith("_")}
+    own |= {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef,
+            ast.AsyncFunctionDef, ast.ClassDef)) and n.name.startswith("_")}
+    own = {name for name in own if not name.startswith("__")}
+    return own - _library_private_names() if own else own
+
+
+@functools.lru_cache(maxsize=1)
+def _library_private_names() -> frozenset[str]:
+    """Every private name of the modules loaded here from torch, triton and numpy, and of
+    ``torch.Tensor``."""
+    import importlib
+    import sys
+    import torch
+    for name in ("triton", "triton.language", "triton.runtime.interpreter", "numpy"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            pass
+    names = {name for name in dir(torch.Tensor) if name.startswith("_")}
+    for module_name, module in list(sys.modules.items()):
+        if module_name.split(".")[0] in ("torch", "triton", "numpy") and module is not None:
+            names.update(name for name in getattr(module, "__dict__", {}) if name.startswith("_"))
+            names.update(part for part in module_name.split(".") if part.startswith("_"))
+    return frozenset(names)
+
+
+def defines_kernel(source: str, grade_id: str) -> bool:
+    """Whether ``source`` defines ``grade_id`` as a ``@triton.jit`` function."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return False
+    return any(isinstance(n, ast.FunctionDef) and n.name == grade_id and _is_jit(n)
+               for n in ast.walk(tree))
 
 
 def _is_jit(node: ast.FunctionDef) -> bool:
@@ -122,14 +178,18 @@ def _outside_kernels(tree: ast.AST):
 
 
 def detour_message(grade_id: str, names: list[str], forbidden: Iterable[str] = ()) -> str:
-    """The report line for a cell that reaches around the forbidden names."""
+    """The report line for a cell that reaches around the forbidden names (or, in an exercise
+    that forbids nothing, around what the grader records in the learner's process)."""
     listed = ", ".join(f"`{n}`" for n in names)
-    which = ", ".join(f"`{n}`" for n in forbidden) or "some functions"
-    return (f"your `{grade_id}` cell uses {listed}, which is forbidden in this exercise: it "
-            f"forbids {which}, so its cell may not reach torch's internals (torch.ops, torch._C, "
+    which = ", ".join(f"`{n}`" for n in forbidden)
+    why = (f"it forbids {which}" if which else "the grader records what your code does (the "
+           "memory it allocates, the loads and stores of a kernel) in the process it runs in")
+    return (f"your `{grade_id}` cell uses {listed}, which is forbidden in this exercise: "
+            f"{why}, so its cell may not reach torch's internals (torch.ops, torch._C, "
             "private torch._functions), where they live under other names, nor fetch "
             "attributes or modules by computed names (getattr, vars, eval, sys.modules, "
-            "importlib, dunder attributes); call public torch functions by name and write the "
+            "importlib, pkgutil, dunder attributes), nor look at the running program (gc, stack "
+            "frames, tracebacks); call public torch functions by name and write the "
             "computation yourself")
 
 

@@ -486,7 +486,8 @@ def require_traffic(learner: Any, kernel: str, *, rule: str,
                     reads: dict[str, tuple[Any, torch.Tensor, str, str]],
                     outputs: dict[str, Any], tiles: dict[str, tuple[int, str]] | None = None) -> None:
     """``PrerequisiteFailed(..., rule=rule)`` when the last launch of ``kernel`` moved memory
-    other than its technique does; nothing when the launch was not counted (compiled).
+    other than its technique does; nothing when the launch was not counted (an autotuned
+    kernel: compiled ones are counted by a second run in the interpreter).
 
     reads: name -> (argument key, the most times each element may be loaded over the launch
       (an int tensor shaped as the argument), what "once" is per, e.g. "per split", advice).

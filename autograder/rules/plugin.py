@@ -29,7 +29,9 @@ import pytest
 
 from autograder.boundary.causes import LearnerError, OperationRefused
 from autograder.rules.feedback import PrerequisiteFailed
-from autograder.rules.forbid import detour_message, detours_in_source, forbidden_message, uses_in_source
+from autograder.rules.forbid import (defines_kernel, detour_message, detours_in_source,
+                                     forbidden_message, uses_in_source)
+from autograder.rules.operations import RECORDED
 
 
 @dataclass
@@ -80,9 +82,18 @@ def static_check(learner: Any, entry: Exercise | None) -> None:
     used = uses_in_source(source, entry.forbid) if source and entry.forbid else []
     if used:
         raise LearnerError(forbidden_message(entry.grade_id, used))
-    detours = detours_in_source(source, entry.grade_id) if source and entry.forbid else []
+    detours = detours_in_source(source, entry.grade_id) \
+        if source and records_in_process(entry, source) else []
     if detours:
         raise LearnerError(detour_message(entry.grade_id, detours, entry.forbid))
+
+
+def records_in_process(entry: Exercise, source: str) -> bool:
+    """Whether the exercise's verdict rests on something recorded in the learner's process, so
+    that its cell may not reach around the record: the operations of an exercise that forbids
+    functions, the memory of a ``RECORDED`` one, the loads and stores of a kernel."""
+    return bool(entry.forbid) or entry.grade_id in RECORDED or defines_kernel(source,
+                                                                               entry.grade_id)
 
 
 @dataclass

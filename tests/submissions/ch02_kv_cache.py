@@ -155,6 +155,22 @@ class KVCache:
 #         self.v[layer, :, :, start:stop] = v
 
 
+# %% grade_id: KVCache | cheat: clones the whole buffer at each append, then zeroes the grader's record of its largest allocation (the dispatch mode, found through pkgutil by a name in a string)
+# expect: forbidden in this exercise
+# expect score: 0
+# replace:
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+# with:
+#         self.k, self.v = self.k.clone(), self.v.clone()
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+#         import pkgutil
+#         mode = pkgutil.resolve_name("torch.utils._python_dispatch:_get_current_dispatch_mode")()
+#         if mode is not None:
+#             mode.largest = 0
+
+
 # %% grade_id: KVCache | cheat: rebuilds the whole buffer from lists at every append
 # expect: as large as a whole buffer
 # expect score: 0
@@ -366,7 +382,7 @@ class KVCache:
 
 
 # %% grade_id: KVCache | cheat: wraps a reference cache class found in the learner's process
-# expect: is not defined because its cell failed
+# expect: forbidden in this exercise
 import gc
 import sys
 

@@ -123,7 +123,7 @@ def matmul_intensity(m, k, n, dtype):
 
 
 # %% grade_id: attainable_flops | cheat: borrows the grader's reference module from the call stack
-# expect: attainable = min(peak_flops, intensity x bandwidth)
+# expect: sys._getframe: the grader does not let learner code reach a stack frame
 import sys
 
 
