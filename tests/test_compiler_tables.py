@@ -1,5 +1,5 @@
 """reference.bench.compiler_tables: the compiler's numbers laid out within the book's column."""
-from reference.bench.compiler_tables import build, format_builds, format_ptx
+from reference.bench.compiler_tables import block_h_glue, build, format_builds, format_ptx
 
 ROWS = [{"config": "fp16 D=128 full   128x128 w8 s3", "target": gpu, "compiles": True,
          "shared_kib": kib, "limit_kib": limit, "registers": 255, "spilled_bytes": spill,
@@ -32,3 +32,12 @@ def test_ptx_lines_are_counted_and_cut_to_the_column():
     assert text[0] == "fp32 N=2000 for A100: 562 lines of PTX"
     assert text[3].split() == ["ex2", "1", "lines"]
     assert "\t" not in text[4] and len(text[4]) <= 80
+
+
+def test_a_split_kernels_numbers_are_named_by_block_h_and_gpu():
+    rows = [dict(row, config=f"fp16 D=128 BLOCK_H={h}", spilled_bytes=spill * (h == 64))
+            for h in (16, 64) for row, spill in zip(ROWS, (13360, 0, 0))]
+    numbers = block_h_glue(rows, "split")
+    assert numbers["split_64_A100_kib"] == 160 and numbers["split_16_H100_regs"] == 255
+    assert numbers["split_t4_64_phrase"] == "spills 13,360 bytes per thread"
+    assert len(numbers) == 2 * 3 * 2 + 1

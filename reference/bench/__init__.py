@@ -15,6 +15,8 @@ from here. Each benchmark runs side by side in one process, so its ratios are me
 The toolkit they share is `measure.py` (one timer, one bandwidth, one provenance record);
 `machine.py` measures this machine's roofline (chapter 04), `workload.py` builds the chat
 workloads, `hf_peer.py` loads transformers on the same weights, `composition.py` runs chapter
-11's ladder, `prose.py` words the book's sentences from the measured data, and
-`flash_figures.py` draws chapters 05 and 07's figures from numbers the chapters compute.
+11's ladder, `prose.py` words the book's sentences from the measured data,
+`flash_figures.py` draws chapters 05 and 07's figures from numbers the chapters compute, and
+`compiler_tables.py` lays out chapters 05-08's compiler verdicts (shared memory, registers,
+spills per GPU, read from `reference.kernels.chapter_builds`) within the page's 80 columns.
 """

@@ -30,6 +30,23 @@ def build(rows: list[dict], config_words: str, target: str) -> dict:
     return next(r for r in rows if r["target"] == target and words <= set(r["config"].split()))
 
 
+def block_h_glue(rows: list[dict], prefix: str, block_h: tuple[int, ...] = (16, 64),
+                 gpus: tuple[str, ...] = ("T4", "A100", "H100")) -> dict:
+    """The numbers a chapter's prose quotes from a split kernel's builds: per BLOCK_H and GPU,
+    ``{prefix}_{h}_{gpu}_kib`` (shared memory) and ``_regs`` (registers per thread), and
+    ``{prefix}_t4_64_phrase`` (what the widest group does to a T4's registers)."""
+    numbers = {}
+    for h in block_h:
+        for gpu in gpus:
+            row = build(rows, f"BLOCK_H={h}", gpu)
+            numbers[f"{prefix}_{h}_{gpu}_kib"] = row["shared_kib"]
+            numbers[f"{prefix}_{h}_{gpu}_regs"] = row["registers"]
+    spilled = build(rows, f"BLOCK_H={max(block_h)}", "T4")["spilled_bytes"]
+    numbers[f"{prefix}_t4_64_phrase"] = (f"spills {spilled:,} bytes per thread" if spilled
+                                         else "spills nothing")
+    return numbers
+
+
 def format_ptx(ptx: dict, per_pattern: int = 2) -> str:
     """How many PTX lines the build has, and for each instruction a chapter explains, how many
     lines start with it and the first `per_pattern` of them (cut to the column)."""
