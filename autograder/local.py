@@ -61,7 +61,7 @@ class LocalLearner(GraderSideTrace):
         self._side = LearnerSide(self._remote)
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self.last_traffic: LaunchTraffic | None = None   # the last launch's loads and stores
-        self.last_call_work = CallWork()   # the last call's matmul FLOPs and exponentials
+        self.last_call_work = CallWork()   # the last call's products and exponentials
         self._guard: Guard | None = None
         self.notes: list[str] = []    # what a passing test adds to its ✓ line
 

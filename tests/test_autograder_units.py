@@ -560,49 +560,207 @@ def test_the_largest_allocation_of_a_call_is_recorded_on_every_size():
 
 A, B = torch.randn(3, 4), torch.randn(4, 5)            # one [3, 4] @ [4, 5] product: 120 FLOPs
 BATCH_A, BATCH_B = torch.randn(2, 3, 4), torch.randn(2, 4, 5)
-WORK_CASES = {   # what a call runs -> (matmul FLOPs, elements exponentiated), counted by hand
-    "a @ b (mm)": (lambda: A @ B, 2 * 3 * 5 * 4, 0),
-    "addmm": (lambda: torch.addmm(torch.zeros(3, 5), A, B), 120, 0),
-    "batched @ (bmm)": (lambda: BATCH_A @ BATCH_B, 2 * 2 * 3 * 5 * 4, 0),
-    "4-d @ (bmm of the flattened batch)": (lambda: BATCH_A[None] @ BATCH_B[None], 240, 0),
-    "einsum": (lambda: torch.einsum("bij,bjk->bik", BATCH_A, BATCH_B), 240, 0),
-    "baddbmm": (lambda: torch.baddbmm(torch.zeros(2, 3, 5), BATCH_A, BATCH_B), 240, 0),
-    "dot": (lambda: torch.dot(A[0], A[1]), 2 * 4, 0),
-    "mv": (lambda: A @ B[:, 0], 2 * 3 * 4, 0),
+# The first half of A @ B written with factors copied to the product's size [3, 5, 4]: 120 FLOPs
+# of elementwise products whatever made the copies.
+A_COPIES = A[:, None, :].repeat(1, 5, 1)
+B_COPIES = B.T[None].repeat(3, 1, 1)
+WORK_CASES = {   # what a call runs -> (matmul FLOPs, elementwise FLOPs, exponentials), by hand
+    "a @ b (mm)": (lambda: A @ B, 2 * 3 * 5 * 4, 0, 0),
+    "addmm": (lambda: torch.addmm(torch.zeros(3, 5), A, B), 120, 0, 0),
+    "batched @ (bmm)": (lambda: BATCH_A @ BATCH_B, 2 * 2 * 3 * 5 * 4, 0, 0),
+    "4-d @ (bmm of the flattened batch)": (lambda: BATCH_A[None] @ BATCH_B[None], 240, 0, 0),
+    "einsum": (lambda: torch.einsum("bij,bjk->bik", BATCH_A, BATCH_B), 240, 0, 0),
+    "baddbmm": (lambda: torch.baddbmm(torch.zeros(2, 3, 5), BATCH_A, BATCH_B), 240, 0, 0),
+    "dot": (lambda: torch.dot(A[0], A[1]), 2 * 4, 0, 0),
+    "mv": (lambda: A @ B[:, 0], 2 * 3 * 4, 0, 0),
     "broadcast product and sum (a matmul by hand)":
-        (lambda: (A[:, None, :] * B.T[None, :, :]).sum(-1), 120, 0),
+        (lambda: (A[:, None, :] * B.T[None, :, :]).sum(-1), 120, 0, 0),
     "the same with expanded factors": (lambda: (A[:, None, :].expand(3, 5, 4)
-                                                * B.T[None].expand(3, 5, 4)).sum(-1), 120, 0),
-    "outer": (lambda: torch.outer(A[:, 0], B[0]), 2 * 3 * 5, 0),
-    "elementwise and scalar products": (lambda: A * A * 2.0 * A[:, :1], 0, 0),
-    "exp": (lambda: torch.exp(A), 0, 12),
-    "in-place exp_, exp2, expm1": (lambda: (A.clone().exp_(), A.exp2(), A.expm1()), 0, 36),
-    "2 ** x (a power with a tensor exponent)": (lambda: 2 ** A, 0, 12),
-    "x ** 2 (not an exponential)": (lambda: A ** 2, 0, 0),
-    "log, max, sum": (lambda: A.log().amax(-1) + A.sum(-1), 0, 0),
+                                                * B.T[None].expand(3, 5, 4)).sum(-1), 120, 0, 0),
+    "outer": (lambda: torch.outer(A[:, 0], B[0]), 2 * 3 * 5, 0, 0),
+    # factors as large as their product, however they were copied: 2 FLOPs per product
+    "factors repeated to full size, multiplied, summed":
+        (lambda: (A[:, None, :].repeat(1, 5, 1) * B.T[None].repeat(3, 1, 1)).sum(-1), 0, 120, 0),
+    "factors expanded, then made contiguous (copies)":
+        (lambda: (A[:, None, :].expand(3, 5, 4).contiguous()
+                  * B.T[None].expand(3, 5, 4).contiguous()).sum(-1), 0, 120, 0),
+    "one factor copied, the other broadcast":
+        (lambda: (A[:, None, :] * B.T[None].expand(3, 5, 4).contiguous()).sum(-1), 0, 120, 0),
+    "repeat_interleave and tile":
+        (lambda: (A.repeat_interleave(5, 0) * B.T.tile(3, 1)).sum(-1), 0, 120, 0),
+    "index_select with repeated indices, and cat of copies":
+        (lambda: (A.index_select(0, torch.arange(3).repeat_interleave(5))
+                  * torch.cat([B.T] * 3)).sum(-1), 0, 120, 0),
+    "in-place mul_ of a copy": (lambda: A_COPIES.clone().mul_(B_COPIES).sum(-1), 0, 120, 0),
+    "division by the reciprocal": (lambda: (A_COPIES / B_COPIES.reciprocal()).sum(-1), 0, 120, 0),
+    "addcmul and addcdiv": (lambda: (torch.addcmul(torch.zeros(3, 5, 4), A_COPIES, B_COPIES),
+                                     torch.addcdiv(torch.zeros(3, 5, 4), A_COPIES, B_COPIES)),
+                            0, 240, 0),
+    "lerp with a tensor weight (and with a number: not a product)":
+        (lambda: (torch.lerp(torch.zeros(3, 5, 4), B_COPIES, A_COPIES),
+                  torch.lerp(A_COPIES, B_COPIES, 0.5)), 0, 120, 0),
+    "squares: (a + b)² - (a - b)² = 4ab": (lambda: ((A_COPIES + B_COPIES) ** 2
+                                                    - (A_COPIES - B_COPIES).square()), 0, 240, 0),
+    "prod over a stack of the two": (lambda: torch.stack([A_COPIES, B_COPIES]).prod(0), 0, 120, 0),
+    "scatter with reduce='multiply'":
+        (lambda: A_COPIES.scatter(2, torch.arange(4).expand(3, 5, 4), B_COPIES, reduce="multiply"),
+         0, 120, 0),
+    "floor_divide, remainder and fmod by a tensor":
+        (lambda: (A_COPIES // B_COPIES[:, :, :1], A_COPIES % B_COPIES, A_COPIES.fmod(B_COPIES)),
+         0, 3 * 120, 0),
+    "elementwise products": (lambda: A * A * A[:, :1], 0, 2 * 12 + 2 * 12, 0),
+    "products by a Python number (scales)": (lambda: (A * 2.0, A / 3, 0.5 * A, A.mul(True)), 0, 0, 0),
+    "exp": (lambda: torch.exp(A), 0, 0, 12),
+    "in-place exp_, exp2, expm1": (lambda: (A.clone().exp_(), A.exp2(), A.expm1()), 0, 0, 36),
+    "2 ** x (a power with a tensor exponent)": (lambda: 2 ** A, 0, 0, 12),
+    "x ** 2 (x times x, not an exponential)": (lambda: A ** 2, 0, 24, 0),
+    "x ** 0.5 (a root, not a product)": (lambda: A.abs() ** 0.5, 0, 0, 0),
+    "log, max, sum": (lambda: A.log().amax(-1) + A.sum(-1), 0, 0, 0),
 }
 
 
 @pytest.mark.parametrize("case", list(WORK_CASES))
 def test_the_work_of_a_call_is_counted_exactly(case):
     """The recorder below the names: every matrix product is 2 M N K FLOPs whatever reaches it
-    (@, einsum, a broadcast product), every exponential one element, nothing else counts."""
+    (@, einsum, a broadcast product), every elementwise product of two tensors 2 FLOPs per
+    element however its factors were made (copies as large as the product included), every
+    exponential one element, nothing else counts."""
+    import warnings
+
     from autograder.boundary.guard import operation_limit
     from autograder.rules.operations import BASIC
-    run, flops, exps = WORK_CASES[case]
-    with operation_limit(BASIC) as limit:
+    run, flops, elementwise, exps = WORK_CASES[case]
+    with operation_limit(BASIC) as limit, warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # scatter's reduce= is deprecated, still a product
         run()
-    assert (limit.work.matmul_flops, limit.work.exp_elements) == (flops, exps), (
-        f"{case}: recorded {limit.work}, expected {flops} matmul FLOPs and {exps} exponentials")
+    work = limit.work
+    assert (work.matmul_flops, work.elementwise_flops, work.exp_elements) == (flops, elementwise, exps), (
+        f"{case}: recorded {work}, expected {flops} matmul FLOPs, {elementwise} elementwise FLOPs "
+        f"and {exps} exponentials")
+
+
+def test_every_elementwise_product_among_the_allowed_operations_is_counted():
+    """The operations that multiply or divide two tensors elementwise, among those an exercise
+    may run (``operations.BASIC``), are the ones the recorder counts: a new product added to the
+    allow-list must be counted too."""
+    from autograder.boundary.guard import ELEMENTWISE_PRODUCTS
+    from autograder.rules.operations import BASIC
+    multiplying = {f"aten.{name}" for name in """mul mul_ div div_ addcmul addcdiv lerp pow pow_
+        prod floor_divide remainder fmod scatter scatter_""".split()}
+    assert multiplying <= BASIC, sorted(multiplying - BASIC)
+    assert multiplying <= ELEMENTWISE_PRODUCTS, sorted(multiplying - ELEMENTWISE_PRODUCTS)
+
+
+class _Worked:
+    """A learner whose last call did ``work`` (what ``require_one_pass`` reads)."""
+
+    def __init__(self, work):
+        self.last_call_work = work
+
+
+def test_one_pass_allows_its_rescales_and_refuses_a_pass_of_copied_factors():
+    """``require_one_pass`` on the products: one pass's matmuls plus the elementwise products
+    it is allowed (its rescales) pass; a second pass over the scores fails whether written as a
+    matmul or as copies multiplied and summed, and the message says what was counted."""
+    from autograder.boundary.guard import CallWork
+    from autograder.rules.feedback import PrerequisiteFailed
+    from autograder.rules.operations import require_one_pass
+    rows, keys, dim = 8, 40, 8
+    matmuls = 4 * rows * keys * dim
+
+    def one_pass(tiles):
+        return dict(matmul_flops=matmuls, elementwise_products=2 * rows * tiles * (dim + 1) + rows * dim,
+                    why="WHY", rule="RULE")
+
+    rescales = 2 * (rows * 40 * (dim + 1) + rows * dim)    # 1-key tiles: the rescales weigh most
+    require_one_pass(_Worked(CallWork(matmuls, 0, rescales)), "call", **one_pass(40))
+    with pytest.raises(PrerequisiteFailed) as failed:      # scores of copies, 4 times over
+        require_one_pass(_Worked(CallWork(matmuls, 0, rescales + 4 * matmuls // 2)), "call", **one_pass(40))
+    for text in ("times the product work of one pass", "in elementwise products of two tensors",
+                 "however its factors were made", "WHY"):
+        assert text in str(failed.value), f"{text!r} missing from: {failed.value}"
+    assert failed.value.rule == "RULE"
+    rescales = 2 * (rows * 5 * (dim + 1) + rows * dim)     # 8-key tiles
+    require_one_pass(_Worked(CallWork(matmuls, 0, rescales)), "call", **one_pass(5))
+    for second_pass in (CallWork(matmuls * 3 // 2, 0, rescales), CallWork(matmuls, 0, rescales + matmuls // 2)):
+        with pytest.raises(PrerequisiteFailed, match="times the product work of one pass"):
+            require_one_pass(_Worked(second_pass), "call", **one_pass(5))
+
+
+@pytest.mark.parametrize("exercise", ["attend_tile", "tiled_attention"])
+def test_the_chapter_05_solutions_and_two_passes_of_copies_across_the_graders_sizes(exercise):
+    """On the sizes the grader draws (its own case generators, many seeds; small head dims and
+    1-key tiles, where the rescales weigh most), the solution passes ``require_one_pass`` and a
+    second pass of scores made of copied factors (repeat, multiply, sum) fails."""
+    import selfcheck
+    from autograder.boundary.guard import operation_limit
+    from autograder.local import base_namespace, load_graders
+    from autograder.rules.feedback import PrerequisiteFailed
+    from autograder.rules.operations import BASIC
+    from autograder.solutions import load_solutions
+    load_graders()
+    grader = sys.modules["_autograder_graders.test_ch05_flash_attention"]
+    cheat = next(s.source for s in selfcheck.variants("ch05_flash_attention")["cheat"][exercise]
+                 if "repeat" in s.label and "two passes" in s.label)
+    sources = {"solution": load_solutions("ch05_flash_attention")[exercise], "cheat": cheat}
+
+    class Learner:
+        def __init__(self, source):
+            self.namespace = base_namespace()
+            exec(source, self.namespace)
+            self.calls = self.refused = 0
+
+        def call(self, name, *args, **kwargs):
+            with operation_limit(BASIC) as limit:
+                out = self.namespace[name](*args, **kwargs)
+            self.last_call_work, self.largest_allocation = limit.work, limit.largest
+            return out
+
+    def calls(learner, seed):
+        """Every call of the exercise's tests with ``seed``, the one-pass check counted."""
+        check = grader.require_one_pass
+
+        def counted(*args, **kwargs):
+            learner.calls += 1
+            try:
+                check(*args, **kwargs)
+            except PrerequisiteFailed:
+                learner.refused += 1
+
+        grader.require_one_pass = counted
+        try:
+            tests = ([grader.test_attend_tile_driven_key_tile_by_key_tile,
+                      grader.test_attend_tile_from_states_the_grader_picks]
+                     if exercise == "attend_tile" else
+                     [grader.test_tiled_attention_matches_attention, grader.test_tiled_attention_causal,
+                      grader.test_tiled_attention_large_scores])
+            for test in tests:
+                try:
+                    test(learner, seed)
+                except PrerequisiteFailed as exc:     # the memory check, on copies of a tile
+                    assert "whole" in str(exc) and learner is copies, exc
+        finally:
+            grader.require_one_pass = check
+
+    honest, copies = Learner(sources["solution"]), Learner(sources["cheat"])
+    for seed in range(6 if exercise == "attend_tile" else 3):
+        calls(honest, seed)
+        calls(copies, seed)
+    assert honest.calls > 30 and honest.refused == 0, f"{honest.refused} of {honest.calls} honest calls refused"
+    assert copies.refused >= copies.calls / 2, f"only {copies.refused} of {copies.calls} two-pass calls refused"
 
 
 def test_the_work_of_the_last_call_comes_back_from_the_worker():
     """``learner.last_call_work`` is the last call's own work (not the sum of calls), sent
-    over the wire from the sandbox worker; an exercise without a limit records none."""
+    over the wire from the sandbox worker (its elementwise products too); an exercise without
+    a limit records none."""
     from autograder.boundary.sandbox import SandboxLearner
     from autograder.rules.plugin import Exercise
     cells = [("scores", "def scores(q, k, times):\n"
-                        "    return [torch.exp(q @ k.T) for _ in range(times)][-1]")]
+                        "    return [torch.exp(q @ k.T) for _ in range(times)][-1]"),
+             ("copies", "def copies(q, k):\n"
+                        "    n, m = q.shape[0], k.shape[0]\n"
+                        "    return (q[:, None].repeat(1, m, 1) * k[None].repeat(n, 1, 1)).sum(-1)")]
     learner = SandboxLearner(cells, timeout=30)
     try:
         q, k = torch.randn(6, 8), torch.randn(5, 8)
@@ -611,6 +769,10 @@ def test_the_work_of_the_last_call_comes_back_from_the_worker():
             learner.call("scores", q, k, times)
             work = learner.last_call_work
             assert (work.matmul_flops, work.exp_elements) == (times * 2 * 6 * 5 * 8, times * 30)
+            assert work.elementwise_flops == 0
+        torch.testing.assert_close(learner.call("copies", q, k), q @ k.T)
+        work = learner.last_call_work
+        assert (work.matmul_flops, work.elementwise_flops) == (0, 2 * 6 * 5 * 8), work
         learner.begin(Exercise("scores", 1))
         learner.call("scores", q, k, 1)
         assert (learner.last_call_work.matmul_flops, learner.last_call_work.exp_elements) == (0, 0)

@@ -7,8 +7,9 @@ The static look at a cell's source is grader side: ``autograder.rules.forbid``.
 
 Below the names, ``operation_limit`` checks every aten operation learner code runs (a dispatch
 mode) against the exercise's allowed set (``autograder.rules.operations``), and records what the
-call cost: the largest tensor it allocated and its work (``CallWork``: matmul FLOPs, elements
-exponentiated), from which a grader tells one pass from two with the same numbers.
+call cost: the largest tensor it allocated and its work (``CallWork``: matmul FLOPs, the FLOPs of
+every elementwise product of two tensors however its factors were made, elements exponentiated),
+from which a grader tells one pass from two with the same numbers.
 """
 from __future__ import annotations
 
@@ -129,24 +130,44 @@ def operation_name(func: Any) -> str:
 @dataclass
 class CallWork:
     """The work of one learner call, counted at the dispatcher whatever Python name reached
-    each operation. ``matmul_flops``: 2 * M * N * K for each product of an [M, K] and a [K, N]
-    matrix (mm, bmm, addmm, baddbmm, addbmm, mv, dot: what ``@``, matmul and einsum become),
-    and 2 per element of a broadcast product larger than its factors (an outer product, the
-    first half of a matmul written as ``(a[:, None] * b[None]).sum(-1)``). ``exp_elements``:
-    elements exponentiated (exp, exp2, expm1, a power with a tensor exponent, sigmoid, and the
-    softmax-like operations, one per element of their input)."""
+    each operation and however its operands were made.
+
+    ``matmul_flops``: 2 * M * N * K for each product of an [M, K] and a [K, N] matrix (mm, bmm,
+    addmm, baddbmm, addbmm, mv, dot: what ``@``, matmul and einsum become), and 2 per element of
+    a broadcast product larger than its factors (an outer product, the first half of a matmul
+    written as ``(a[:, None] * b[None]).sum(-1)``).
+
+    ``elementwise_flops``: 2 per element of every other elementwise product or quotient of two
+    tensors (``ELEMENTWISE_PRODUCTS``: mul, div, addcmul, addcdiv, lerp with a tensor weight,
+    floor_divide, remainder and fmod by a tensor, a power of a tensor (x ** 2 is x * x), prod,
+    scatter with ``reduce="multiply"``), whatever its factors' sizes: factors copied to the
+    product's size (repeat, repeat_interleave, tile, expand(...).contiguous(), index_select with
+    repeated indices, cat of copies) and then multiplied and summed are a matrix product's 2 FLOPs
+    a term, like a matmul. A product by a Python number (``s * scale``) is not counted.
+
+    ``exp_elements``: elements exponentiated (exp, exp2, expm1, a power with a tensor exponent,
+    sigmoid, and the softmax-like operations, one per element of their input)."""
     matmul_flops: int = 0
     exp_elements: int = 0
+    elementwise_flops: int = 0
+
+    @property
+    def product_flops(self) -> int:
+        """All the products: matrix products and elementwise ones."""
+        return self.matmul_flops + self.elementwise_flops
 
     def to_wire(self) -> dict[str, int]:
-        return {"matmul_flops": self.matmul_flops, "exp_elements": self.exp_elements}
+        return {key: getattr(self, key) for key in WORK_FIELDS}
 
     @classmethod
     def from_wire(cls, value: Any) -> "CallWork":
         """The work a worker's reply carries (zero where it carries none)."""
         value = value if isinstance(value, dict) else {}
-        return cls(*(count if isinstance(count := value.get(key), int) else 0
-                     for key in ("matmul_flops", "exp_elements")))
+        return cls(**{key: count if isinstance(count := value.get(key), int) else 0
+                      for key in WORK_FIELDS})
+
+
+WORK_FIELDS = ("matmul_flops", "exp_elements", "elementwise_flops")
 
 
 def _distinct(t: torch.Tensor) -> int:
@@ -156,39 +177,79 @@ def _distinct(t: torch.Tensor) -> int:
     return math.prod(size for size, stride in zip(t.shape, t.stride()) if stride)
 
 
-def _outer(factors: tuple, out: Any) -> int:
-    """FLOPs of a broadcast product: 2 per element where the result is larger than each
-    tensor factor (an outer product), else 0 (an elementwise or scalar product)."""
-    a, b = factors
-    if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
-            and isinstance(out, torch.Tensor)):
-        return 0
+def _products(factors: list, out: Any) -> tuple[int, int]:
+    """(matmul FLOPs, elementwise FLOPs) of an elementwise product of ``factors`` giving ``out``:
+    2 per element of ``out`` where at least two factors are tensors (a Python number is a
+    scale, not a product), counted as a matrix product's where ``out`` is larger than every
+    tensor factor (a broadcast, outer product), else as elementwise products."""
+    tensors = [f for f in factors if isinstance(f, torch.Tensor)]
+    if len(tensors) < 2 or not isinstance(out, torch.Tensor):
+        return 0, 0
     size = out.numel()
-    if (a.numel() == size and a.is_contiguous()) or (b.numel() == size and b.is_contiguous()):
-        return 0            # the usual case, decided without strides: a factor as large as out
-    return 2 * size if size > max(_distinct(a), _distinct(b)) else 0
+    if any(t.numel() == size and t.is_contiguous() for t in tensors):
+        return 0, 2 * size  # the usual case, decided without strides: a factor as large as out
+    return (2 * size, 0) if size > max(_distinct(t) for t in tensors) else (0, 2 * size)
+
+
+def _power(args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
+    """A power of a tensor by a number above 1 in size (x ** 2 is x * x, a product of two
+    tensors: (a + b)² - (a - b)² = 4ab); a tensor exponent is counted as an exponential."""
+    base, exponent = args[0], args[1]
+    if isinstance(base, torch.Tensor) and isinstance(exponent, (int, float)) and abs(exponent) > 1:
+        return 0, 2 * out.numel()
+    return 0, 0
+
+
+def _reduced_product(args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
+    """prod: one product per element reduced away (``stack([a, b]).prod(0)`` is ``a * b``)."""
+    return 0, 2 * max(args[0].numel() - out.numel(), 0)
+
+
+def _scatter(args: tuple, kwargs: dict, out: Any) -> tuple[int, int]:
+    """scatter(self, dim, index, src, reduce="multiply"): one product per element of src scattered."""
+    reduce = kwargs.get("reduce", args[4] if len(args) > 4 else None)
+    if reduce == "multiply" and len(args) > 3 and isinstance(args[3], torch.Tensor):
+        return 0, 2 * args[2].numel()
+    return 0, 0
+
+
+def _matrix(count):
+    return lambda args, kwargs, out: (count(args, out), 0)
 
 
 def _product(factor: int):
     """FLOPs of a (batched) matrix product whose first factor is ``args[factor]``."""
-    return lambda args, out: 2 * out.numel() * args[factor].shape[-1]
+    return _matrix(lambda args, out: 2 * out.numel() * args[factor].shape[-1])
 
 
 def _exponent_is_tensor(args: tuple, out: Any) -> int:
     return out.numel() if isinstance(args[1], torch.Tensor) else 0
 
 
-# operation -> count(args, out): its matmul FLOPs; its elements exponentiated
-_MATMUL_FLOPS = {
+# operation -> count(args, kwargs, out): its (matmul FLOPs, elementwise FLOPs)
+_PRODUCT_FLOPS = {
     "aten.mm": _product(0), "aten.bmm": _product(0), "aten.addmm": _product(1),
     "aten.baddbmm": _product(1),
-    "aten.addbmm": lambda args, out: 2 * out.numel() * args[1].shape[0] * args[1].shape[-1],
-    "aten.mv": lambda args, out: 2 * args[0].numel(),
-    "aten.dot": lambda args, out: 2 * args[0].numel(),
-    "aten.vdot": lambda args, out: 2 * args[0].numel(),
-    "aten.mul": lambda args, out: _outer(args[:2], out),
-    "aten.addcmul": lambda args, out: _outer(args[1:3], out),
+    "aten.addbmm": _matrix(lambda args, out: 2 * out.numel() * args[1].shape[0] * args[1].shape[-1]),
+    "aten.mv": _matrix(lambda args, out: 2 * args[0].numel()),
+    "aten.dot": _matrix(lambda args, out: 2 * args[0].numel()),
+    "aten.vdot": _matrix(lambda args, out: 2 * args[0].numel()),
+    **{f"aten.{name}": lambda args, kwargs, out: _products(list(args[:2]), out)
+       for name in """mul mul_ div div_ floor_divide floor_divide_ remainder remainder_ fmod
+           fmod_""".split()},
+    **{f"aten.{name}": lambda args, kwargs, out: _products(list(args[1:3]), out)
+       for name in "addcmul addcmul_ addcdiv addcdiv_".split()},
+    **{f"aten.{name}": lambda args, kwargs, out: _products(list(args[:3]), out)
+       if isinstance(args[2], torch.Tensor) else (0, 0)    # weight * (end - start)
+       for name in "lerp lerp_".split()},
+    "aten.pow": _power, "aten.pow_": _power,
+    "aten.prod": _reduced_product,
+    "aten.scatter": _scatter, "aten.scatter_": _scatter,
 }
+# the operations ``elementwise_flops`` counts (besides the broadcast products of ``matmul_flops``)
+ELEMENTWISE_PRODUCTS = frozenset(name for name in _PRODUCT_FLOPS
+                                 if name not in {"aten.mm", "aten.bmm", "aten.addmm", "aten.baddbmm",
+                                                 "aten.addbmm", "aten.mv", "aten.dot", "aten.vdot"})
 _EXP_ELEMENTS = {
     **{f"aten.{name}": lambda args, out: out.numel() for name in """exp exp_ exp2 exp2_ expm1
         expm1_ sigmoid sigmoid_ _softmax softmax _log_softmax logcumsumexp _logcumsumexp""".split()},
@@ -209,8 +270,8 @@ def _limit_mode():
         ``refused``, so that catching the error does not hide it. ``largest`` is the size in
         bytes of the largest tensor any allowed operation allocated (views of an input do not
         count): a grader checks "bounded memory" with it on every test size. ``work`` adds up
-        the call's matmul FLOPs and elements exponentiated (``CallWork``): a grader checks
-        "one pass" with it."""
+        the call's matmul FLOPs, elementwise products and elements exponentiated
+        (``CallWork``): a grader checks "one pass" with it."""
 
         def __init__(self, allowed: Iterable[str]):
             super().__init__()
@@ -224,7 +285,7 @@ def _limit_mode():
             verdict = self.verdicts.get(func)
             if verdict is None:
                 name = operation_name(func)
-                verdict = self.verdicts[func] = (name in self.allowed, _MATMUL_FLOPS.get(name),
+                verdict = self.verdicts[func] = (name in self.allowed, _PRODUCT_FLOPS.get(name),
                                                  _EXP_ELEMENTS.get(name))
             allowed, flops, exps = verdict
             if _PAUSED[0]:
@@ -237,8 +298,10 @@ def _limit_mode():
             out = func(*args, **(kwargs or {}))
             self.largest = max(self.largest, _allocated(out, args, kwargs, self.largest))
             if flops is not None:
-                self.work.matmul_flops += flops(args, out)
-            elif exps is not None:
+                matmul, elementwise = flops(args, kwargs or {}, out)
+                self.work.matmul_flops += matmul
+                self.work.elementwise_flops += elementwise
+            if exps is not None:
                 self.work.exp_elements += exps(args, out)
             return out
 

@@ -70,7 +70,7 @@ class SandboxLearner(GraderSideTrace):
         self.exercise = None
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self.last_traffic: LaunchTraffic | None = None   # the last launch's loads and stores
-        self.last_call_work = CallWork()   # the last call's matmul FLOPs and exponentials
+        self.last_call_work = CallWork()   # the last call's products and exponentials
         self._handles: set[int] = set()
         self._spawned = False
         self._builder: KernelBuilder | None = None   # the compile worker, at the first build

@@ -140,8 +140,11 @@ def table(builds: list[Build], reports: list[list[CompileReport]]) -> str:
     """One line per build, one column per target: shared memory per block, registers per thread,
     bytes spilled per thread, OVER where it would not launch."""
     width = max(len(b.label) for b in builds) + 2
-    head = f"{'launch':{width}}" + "".join(f"{f'{t.name} ({t.shared_per_block // KIB} KiB)':24}" for t in TARGETS)
-    rows = [f"{b.label:{width}}" + "".join(f"{_cell(r):24}" for r in row) for b, row in zip(builds, reports)]
+    columns = [max([24] + [len(_cell(row[c])) + 2 for row in reports]) for c in range(len(TARGETS))]
+    head = f"{'launch':{width}}" + "".join(f"{f'{t.name} ({t.shared_per_block // KIB} KiB)':{w}}"
+                                           for t, w in zip(TARGETS, columns))
+    rows = [f"{b.label:{width}}" + "".join(f"{_cell(r):{w}}" for r, w in zip(row, columns))
+            for b, row in zip(builds, reports)]
     return "\n".join([head.rstrip(), *(r.rstrip() for r in rows)])
 
 

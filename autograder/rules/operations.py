@@ -10,8 +10,10 @@ scores 0 with a message naming the operation (``refusal_message``). The forbid l
 stay as the friendly first check on the cell's source.
 
 The same dispatch mode records the work of each call (``learner.last_call_work``: matmul FLOPs,
-elements exponentiated). ``require_one_pass`` turns it into a technique check: right numbers
-computed in two passes, or with scores recomputed, do more work than one pass can.
+the FLOPs of every elementwise product of two tensors whatever made its factors, elements
+exponentiated). ``require_one_pass`` turns it into a technique check: right numbers computed in
+two passes, or with scores recomputed, do more work than one pass can, however the products
+were written (a matmul, a broadcast product, factors copied to full size and multiplied).
 """
 from __future__ import annotations
 
@@ -118,24 +120,47 @@ def refusal_message(grade_id: str, names: list[str]) -> str:
 WORK_SLACK = 1.25   # a call may do this many times one pass's work (helpers, guards, padding)
 
 
-def require_one_pass(learner: Any, call: str, *, matmul_flops: int = 0, exp_elements: int = 0,
-                     exp_rescales: int = 0, why: str, rule: str) -> None:
+def require_one_pass(learner: Any, call: str, *, matmul_flops: int = 0,
+                     elementwise_products: int = 0, exp_elements: int = 0, exp_rescales: int = 0,
+                     why: str, rule: str) -> None:
     """``PrerequisiteFailed`` where the learner's last call (``learner.last_call_work``) did
-    more than ``WORK_SLACK`` times the work of one pass: ``matmul_flops`` (the products one pass
-    computes), ``exp_elements`` (its exponentials, ``exp_rescales`` of them rescale factors,
-    which may be taken twice). ``why``: what one pass is and why it is the point; ``rule``:
-    the method in a few words. Nothing is checked where the learner records no work."""
+    more than ``WORK_SLACK`` times the work of one pass.
+
+    Products: one pass computes ``matmul_flops`` FLOPs of matrix products and
+    ``elementwise_products`` elementwise products of two tensors (its rescales ``acc * alpha``,
+    ``l * alpha`` and the final ``acc / l``: an explicit allowance, 2 FLOPs each as the
+    recorder counts them). The call's products of every kind (``CallWork.product_flops``: matmuls,
+    broadcast products, and every elementwise product of two tensors however its factors were
+    made) must stay within ``WORK_SLACK`` of their sum: a second pass over the scores costs the
+    same whether it is a matmul or factors copied to full size, multiplied and summed.
+    Exponentials: ``exp_elements`` (``exp_rescales`` of them rescale factors, which may be taken
+    twice). ``why``: what one pass is and why it is the point; ``rule``: the method in a few
+    words. Nothing is checked where the learner records no work."""
     work = getattr(learner, "last_call_work", None)
     if work is None:
         return
-    over = []
-    if matmul_flops and work.matmul_flops > WORK_SLACK * matmul_flops:
-        over.append(f"{work.matmul_flops / matmul_flops:.2f} times the matrix-product work of "
-                    f"one pass ({work.matmul_flops:,} FLOPs where one pass takes "
-                    f"{matmul_flops:,})")
+    over, notes = [], []
+    one_pass = matmul_flops + 2 * elementwise_products
+    elementwise = getattr(work, "elementwise_flops", 0)
+    done = work.matmul_flops + elementwise
+    if matmul_flops and done > WORK_SLACK * one_pass:
+        counted = (f"{work.matmul_flops:,} in matrix and broadcast products and {elementwise:,} in "
+                   "elementwise products of two tensors" if elementwise else
+                   "all in matrix and broadcast products")
+        over.append(f"{done / one_pass:.2f} times the product work of one pass ({done:,} FLOPs, "
+                    f"{counted}, where one pass takes {one_pass:,}: {matmul_flops:,} in its matrix "
+                    f"products and {2 * elementwise_products:,} in the {elementwise_products:,} "
+                    "elementwise products allowed for its rescales: acc * alpha, l * alpha, "
+                    "acc / l)")
+        if elementwise > WORK_SLACK * 2 * elementwise_products:
+            notes.append("Every elementwise product of two tensors counts, however its factors were "
+                         "made: factors copied to the size of the result (repeat, tile, "
+                         "expand(...).contiguous(), index_select, cat) and multiplied, then summed, "
+                         "are a matrix product by another name, 2 FLOPs a term like a matmul")
     if exp_elements and work.exp_elements > WORK_SLACK * exp_elements + exp_rescales:
         over.append(f"{work.exp_elements / exp_elements:.2f} times the exponentials of one pass "
                     f"({work.exp_elements:,} where one pass takes {exp_elements:,})")
     if over:
-        raise PrerequisiteFailed(f"{call} did {' and '.join(over)}. {why}. The exercise scores "
-                                 "0 until the work is that of one pass", rule=rule)
+        raise PrerequisiteFailed(". ".join([f"{call} did {' and '.join(over)}", *notes, why,
+                                            "The exercise scores 0 until the work is that of one pass"]),
+                                 rule=rule)

@@ -20,10 +20,15 @@ from reference.eviction import sink_window_keep
 from reference.mla import MLA
 from reference.quant import int8_quantize_kv
 
-# The exercise is the grouping itself: the fused kernels would do it for the learner.
+# The exercise is the grouping itself: the fused kernels would do it for the learner. So would
+# the quantizable MultiheadAttention of torch.ao, whose attention is Python over operations this
+# exercise allows (bmm, softmax) and copies nothing when driven one K/V head at a time with the
+# group's queries as its rows (or swapped in by torch.ao.quantization.prepare without being
+# named): its attention, _forward_impl, is guarded on the class, as in chapters 01, 02 and 08.
 FORBIDDEN_ATTENTION = ["torch.nn.functional.scaled_dot_product_attention",
                        "torch.nn.functional.multi_head_attention_forward",
-                       "torch.nn.attention.flex_attention.flex_attention"]
+                       "torch.nn.attention.flex_attention.flex_attention",
+                       "torch.ao.nn.quantizable.MultiheadAttention._forward_impl"]
 
 GQA_MEMORY_MB = 2000   # gqa_attention's memory limit: below one 2 GiB copy of K or V per query head
 DTYPES = ["fp32", "fp16", "bf16", "fp8", "int8", "int4"]

@@ -15,9 +15,11 @@ larger than that limit even in float32, so neither the whole matrix nor a query 
 of scores fit and only a tiled computation finishes; softmax and the one-line normalisers
 (logsumexp, logcumsumexp, log_softmax, softmin, SDPA, flex_attention) are forbidden.
 One pass means one pass, a prerequisite too: on every call of ``attend_tile`` and
-``tiled_attention`` the work the sandbox recorded (``learner.last_call_work``: matmul FLOPs,
-exponentials) must stay within ``WORK_SLACK`` of one pass's (a max pass then a sum pass, or
-scores recomputed, do 1.5 times the products). ``score_tile_kernel``, the first kernel, computes one
+``tiled_attention`` the work the sandbox recorded (``learner.last_call_work``: matmul FLOPs, the
+FLOPs of every elementwise product of two tensors however its factors were made, exponentials)
+must stay within ``WORK_SLACK`` of one pass's, whose baseline allows the elementwise products of
+its rescales and final normalisation (a max pass then a sum pass, or scores recomputed, do 1.5
+times the products, written as matmuls or as copied factors multiplied and summed). ``score_tile_kernel``, the first kernel, computes one
 [BLOCK_M, BLOCK_N] tile of scores and its row max and sum of exponentials per program, launched
 on fresh lengths with ragged edges, NaN-poisoned spare rows and columns, every entry checked.
 Each kernel cell must be Triton code (``autograder.rules.kernel_rules``) with a reachable
@@ -98,8 +100,10 @@ NO_ROW_YET = ("a row that has seen no visible key yet has m = -inf, and exp(-inf
               "NaN: use 0 in place of an m_new that is still -inf (the state stays (0, -inf, 0))")
 ONE_STEP = ("attend_tile folds in this one tile: its scores computed once (q kᵀ), exponentiated "
             "once and multiplied into v once, while (acc, m, l) stands for every key before it. "
-            "Keys of earlier tiles computed again make each step cost as much as the whole loop "
-            "so far")
+            "The tile's scores computed a second time (one pass for the max, another for the "
+            "exponentials), by a matmul or by products summed by hand, cost half as much again, "
+            "and keys of earlier tiles computed again make each step cost as much as the whole "
+            "loop so far")
 TILE_IGNORED_STATE = ("the incoming state (acc, m, l) was ignored: fold the tile INTO it. The "
                       "grader passes states of keys you never see, so the state is all there is "
                       "of them")
@@ -225,9 +229,10 @@ def _check_attend(learner, stream, state_in, t, expected, how):
     got = learner.call("attend_tile", *state_in, stream.q, stream.k[..., a:b, :],
                        stream.v[..., a:b, :], stream.scale, stream.visible[:, a:b])
     call = (f"attend_tile on key tile {t + 1} (keys {a}..{b - 1}) of {stream.describe()}, {how}")
-    rows = stream.q.numel() // stream.q.shape[-1]
-    require_one_pass(learner, call, matmul_flops=4 * rows * (b - a) * stream.q.shape[-1],
-                     exp_elements=rows * (b - a + 1), exp_rescales=rows, why=ONE_STEP,
+    rows, dim = stream.q.numel() // stream.q.shape[-1], stream.q.shape[-1]
+    require_one_pass(learner, call, matmul_flops=4 * rows * (b - a) * dim,
+                     elementwise_products=rows * (dim + 1), exp_elements=rows * (b - a + 1),
+                     exp_rescales=rows, why=ONE_STEP,
                      rule="one step: the tile's scores computed and exponentiated once")
     if not (isinstance(got, (tuple, list)) and len(got) == 3):
         raise AssertionError(f"{call}: returned {type(got).__name__}; return (acc, m, l)")
@@ -359,16 +364,24 @@ ONE_PASS = ("Flash attention is ONE pass over the keys: each key tile's scores a
             "once (q kᵀ), exponentiated once and multiplied into v once, and when a tile raises "
             "a row's max the sums so far are rescaled by exp(m_old - m_new). A first pass for "
             "the max and a second for the sums (or scores computed again) gives the same numbers "
-            "for 1.5 times the matrix products, and a kernel written that way reads K twice")
+            "for 1.5 times the products, whether they are written as matmuls, broadcast products "
+            "or factors copied to full size, multiplied and summed, and a kernel written that way "
+            "reads K twice")
 
 
 def _require_one_pass_over_keys(learner, q, n_k, block_k, call):
-    """One pass, on every case: the call's matmul FLOPs within ``WORK_SLACK`` of q kᵀ and p v
-    once each (4 Nq Nk D per head; a causal call may skip masked tiles), its exponentials of
-    each score once plus a rescale factor per row and key tile."""
+    """One pass, on every case: the call's products (matmuls, broadcast products and every
+    elementwise product of two tensors) within ``WORK_SLACK`` of q kᵀ and p v once each
+    (4 Nq Nk D FLOPs per head; a causal call may skip masked tiles) plus the elementwise
+    products one pass may do: per row and key tile acc * alpha (D) and l * alpha (1), and as
+    many again where the output is kept normalised after every tile (FlashAttention 1's
+    O = (l alpha O + p v) / l_new), per row the final acc / l (D); its exponentials of each
+    score once plus a rescale factor per row and key tile."""
     batch, heads, n_q, dim = q.shape
-    pairs, row_tiles = batch * heads * n_q * n_k, batch * heads * n_q * -(-n_k // block_k)
+    rows = batch * heads * n_q
+    pairs, row_tiles = rows * n_k, rows * -(-n_k // block_k)
     require_one_pass(learner, call, matmul_flops=4 * pairs * dim,
+                     elementwise_products=2 * row_tiles * (dim + 1) + rows * dim,
                      exp_elements=pairs + row_tiles, exp_rescales=row_tiles, why=ONE_PASS,
                      rule="one pass over the keys: every score computed and exponentiated once")
 
@@ -596,6 +609,34 @@ def test_score_tile_kernel_writes_every_tile_and_nothing_else(learner, seed, cas
                  atol=1e-4, hint=hint)
     assert_close(l[:n_q, :n_tiles], l64.float(), name=f"tile sums l of {name}", rtol=1e-4,
                  atol=1e-5, hint=hint)
+
+
+def _score_tile_build(label: str, head_dim: int, block: int) -> Build:
+    """A launch like the tests' (a tile's worth of spare rows and columns in every buffer, ragged
+    lengths) at these sizes, fp32 throughout."""
+    n_q, n_k = 37, 50
+    q, k = torch.empty(n_q + SPARE, head_dim + SPARE), torch.empty(n_k + SPARE, head_dim + SPARE)
+    s, stats = torch.empty(n_q + SPARE, n_k + SPARE), torch.empty(n_q + SPARE, -(-n_k // block) + SPARE)
+    return Build(label, (q, k, s, stats, stats, q.stride(0), k.stride(0), s.stride(0), stats.stride(0),
+                         n_q, n_k, head_dim ** -0.5), {"HEAD_DIM": head_dim, "BLOCK_M": block, "BLOCK_N": block})
+
+
+SCORE_TILE_BUILDS = planned("score_tile_kernel", [
+    _score_tile_build("grader: fp32 D=16, 16x16 tiles", 16, TILE),
+    _score_tile_build("grader: fp32 D=32, 16x16 tiles", 32, TILE),
+    _score_tile_build("GPU tile: fp32 D=64, 64x64 tiles", 64, 64)])
+SCORE_TILE_BUILD_ADVICE = ("A program holds its query tile [BLOCK_M, HEAD_DIM] and its key tile [BLOCK_N, "
+                           "HEAD_DIM], which tl.dot reads through shared memory (4 bytes an element in fp32), "
+                           "and the score tile [BLOCK_M, BLOCK_N] in registers. The interpreter runs the "
+                           "kernel's body as Python; a GPU compiler takes Triton only: a constant of the "
+                           "cell is read as a tl.constexpr (NAME = tl.constexpr(-1e30)) or written in place")
+
+
+@exercise("score_tile_kernel", points=2, timeout=60)
+def test_score_tile_kernel_compiles_for_a_real_gpu(learner, seed):
+    """Built (not run) for a T4, an A100 and an H100 at the tests' launches and at a GPU-sized tile:
+    it must compile and fit one of them; the report shows shared memory, registers and spills."""
+    require_gpu_build(learner, "score_tile_kernel", SCORE_TILE_BUILDS, SCORE_TILE_BUILD_ADVICE)
 
 
 # -------------------------------------------------------------- flash_attention_fwd_kernel

@@ -152,6 +152,31 @@ def gqa_attention(q, k, v, causal=False):
     return (scores.softmax(-1) @ v[:, :, None]).reshape(B, Hq, T, D)
 
 
+# %% grade_id: gqa_attention | cheat: the quantizable MultiheadAttention of torch.ao (its Python attention: bmm and softmax, allowed operations), one K/V head at a time with its group's queries as rows, nothing copied
+# expect: `torch.ao.nn.quantizable.MultiheadAttention._forward_impl` is forbidden
+# expect score: 0
+def gqa_attention(q, k, v, causal=False):
+    B, Hq, T, D = q.shape
+    Hkv, S = k.shape[1], k.shape[2]
+    group = Hq // Hkv
+    mha = torch.ao.nn.quantizable.MultiheadAttention(D, 1, bias=False).to(q.dtype).train(False)
+    for projection in (mha.linear_Q, mha.linear_K, mha.linear_V, mha.out_proj):
+        torch.nn.init.eye_(projection.weight)            # identity projections, set in place
+    mask = None
+    if causal:                                           # row r of a group is query r % T
+        mask = torch.arange(S)[None, :] > torch.arange(group * T).remainder(T)[:, None] + (S - T)
+    out = q.new_zeros(B, Hq, T, D)
+    with torch.no_grad():
+        for b in range(B):
+            for h in range(Hkv):                         # batch of one: no transposed copies
+                rows = q[b, h * group:(h + 1) * group].reshape(group * T, 1, D)
+                o, _ = mha(rows, k[b, h].unsqueeze(1), v[b, h].unsqueeze(1), attn_mask=mask,
+                           need_weights=False)
+                head = out[b:b + 1].slice_scatter(o.reshape(1, group, T, D), 1, h * group, (h + 1) * group)
+                out = out.slice_scatter(head, 0, b, b + 1)
+    return out
+
+
 # %% grade_id: gqa_attention | wrong: causal mask anchored at the first key (query i sees keys 0..i)
 # expect: the LAST T positions
 # replace:

@@ -102,6 +102,53 @@ def attend_tile(acc, m, l, q, k, v, scale, visible=None):
     m_new, l_new, acc_new = _merge((m, l, acc), (t, p.sum(-1), p @ v))
     return acc_new, m_new, l_new
 
+# %% grade_id: attend_tile | cheat: two passes over the tile: the max from scores made of copies (q and k repeated to [Bq, Bk, D], multiplied, summed), then the scores again with a matmul for the exponentials
+# expect: times the product work of one pass
+# expect: in elementwise products of two tensors
+# expect: however its factors were made
+# expect score: 0
+import torch
+
+
+def attend_tile(acc, m, l, q, k, v, scale, visible=None):
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    q_copies = q.unsqueeze(-2).repeat(*[1] * (q.dim() - 1), n_k, 1)        # [..., Bq, Bk, D]
+    k_copies = k.unsqueeze(-3).repeat(*[1] * (k.dim() - 2), n_q, 1, 1)     # [..., Bq, Bk, D]
+    first = (q_copies * k_copies).sum(-1) * scale     # as large as its factors: no outer product
+    if visible is not None:
+        first = first.masked_fill(~visible, float("-inf"))
+    m_new = torch.maximum(m, first.amax(-1))          # pass 1: the max
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    s = (q @ k.transpose(-1, -2)) * scale             # pass 2: the scores again
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    alpha = torch.exp(m - safe)
+    p = torch.exp(s - safe[..., None])
+    return acc * alpha[..., None] + p @ v, m_new, l * alpha + p.sum(-1)
+
+# %% grade_id: attend_tile | cheat: two passes over the tile, the first one's scores from copies made by index_select with repeated indices and torch.cat, multiplied with addcmul and summed
+# expect: times the product work of one pass
+# expect score: 0
+import torch
+
+
+def attend_tile(acc, m, l, q, k, v, scale, visible=None):
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    q_copies = q.index_select(-2, torch.arange(n_q).repeat_interleave(n_k))    # [..., Bq*Bk, D]
+    k_copies = torch.cat([k] * n_q, -2)                                         # [..., Bq*Bk, D]
+    terms = torch.addcmul(torch.zeros_like(q_copies), q_copies, k_copies)
+    first = terms.sum(-1).unflatten(-1, (n_q, n_k)) * scale
+    if visible is not None:
+        first = first.masked_fill(~visible, float("-inf"))
+    m_new = torch.maximum(m, first.amax(-1))          # pass 1: the max
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    s = (q @ k.transpose(-1, -2)) * scale             # pass 2: the scores again
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    alpha = torch.exp(m - safe)
+    p = torch.exp(s - safe[..., None])
+    return acc * alpha[..., None] + p @ v, m_new, l * alpha + p.sum(-1)
+
 # %% grade_id: tiled_attention | wrong: no max subtraction (exp overflows on large scores)
 # expect: subtract the running max
 # replace:
@@ -407,7 +454,7 @@ def tiled_attention(q, k, v, block_q, block_k, causal=False):
 
 
 # %% grade_id: tiled_attention | cheat: two passes over the key tiles: the row max first, then l and acc measured from it (no rescale)
-# expect: times the matrix-product work of one pass
+# expect: times the product work of one pass
 # expect: Flash attention is ONE pass over the keys
 # expect score: 0
 import math
@@ -440,7 +487,7 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 
 
 # %% grade_id: tiled_attention | cheat: two passes, the first one's scores from a broadcast product and a sum instead of a matmul (no product counted twice, it hopes)
-# expect: times the matrix-product work of one pass
+# expect: times the product work of one pass
 # expect score: 0
 import math
 
@@ -456,6 +503,75 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
         m = q.new_full(q_tile.shape[:3], float("-inf"))
         for j in range(0, n_k, block_k):                  # pass 1: the max, without a matmul
             s = (q_tile[:, :, :, None, :] * k[:, :, None, j:j + block_k, :]).sum(-1)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            m = torch.maximum(m, s.amax(-1))
+        l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):                  # pass 2: the sums, from the final max
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            p = torch.exp(s - m[..., None])
+            l, acc = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k]
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+    return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: two passes, the first one's scores from q and k repeated to [bq, bk, D] (factors as large as their product, no broadcast), multiplied and summed
+# expect: times the product work of one pass
+# expect: in elementwise products of two tensors
+# expect: however its factors were made
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + n_k - n_q
+        m = q.new_full(q_tile.shape[:3], float("-inf"))
+        for j in range(0, n_k, block_k):                  # pass 1: the max, without a matmul
+            k_tile = k[:, :, j:j + block_k]
+            q_copies = q_tile.unsqueeze(3).repeat(1, 1, 1, k_tile.shape[2], 1)   # [B, H, bq, bk, D]
+            k_copies = k_tile.unsqueeze(2).repeat(1, 1, q_tile.shape[2], 1, 1)  # [B, H, bq, bk, D]
+            s = (q_copies * k_copies).sum(-1)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            m = torch.maximum(m, s.amax(-1))
+        l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):                  # pass 2: the sums, from the final max
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            p = torch.exp(s - m[..., None])
+            l, acc = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k]
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+    return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: two passes, the first one's scores from each key tile expanded to every query row and made contiguous (a copy), times the broadcast queries, summed
+# expect: times the product work of one pass
+# expect score: 0
+import math
+
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + n_k - n_q
+        m = q.new_full(q_tile.shape[:3], float("-inf"))
+        for j in range(0, n_k, block_k):                  # pass 1: the max, without a matmul
+            k_tile = k[:, :, j:j + block_k]
+            k_copies = k_tile.unsqueeze(2).expand(-1, -1, q_tile.shape[2], -1, -1).contiguous()
+            s = (q_tile.unsqueeze(3) * k_copies).sum(-1)  # one factor as large as the product
             if causal:
                 s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
             m = torch.maximum(m, s.amax(-1))
@@ -512,6 +628,22 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 # with:
 #     rows = tl.program_id(0) * 16 + tl.arange(0, 16)
 #     keys = tl.program_id(1) * 16 + tl.arange(0, 16)
+
+# %% grade_id: score_tile_kernel | wrong: masks the missing keys with a module-level constant that is not a tl.constexpr (the interpreter reads it; no GPU compiler takes it)
+# expect: would run on no GPU
+# expect: Cannot access global variable NO_KEY
+# expect score: 1.5
+# replace:
+# import triton.language as tl
+# with:
+# import triton.language as tl
+#
+# NO_KEY = -1.0e30          # the score of a lane past n_keys: exp of it minus the max is 0
+
+# replace:
+#     s = tl.where(key_ok[None, :], s, float("-inf"))                 # missing keys do not count
+# with:
+#     s = tl.where(key_ok[None, :], s, NO_KEY)                        # missing keys do not count
 
 # %% grade_id: flash_attention_fwd_kernel | wrong: does not rescale the accumulator when the max grows
 # expect: exp(m_old - m_new)
