@@ -838,8 +838,8 @@ def test_a_changed_operation_recorder_is_found(monkeypatch):
     from autograder.boundary.worker import RECORDER_PLACES, recorder_places
     traffic.install(recorder_places())
     assert traffic.tampered(RECORDER_PLACES) == []
-    monkeypatch.setitem(guard._MATMUL_FLOPS, "aten.mm", lambda args, out: 0)
+    monkeypatch.setitem(guard._PRODUCT_FLOPS, "aten.mm", lambda args, out: 0)
     monkeypatch.setattr(guard, "_allocated", lambda *a: 0)
     monkeypatch.setattr(guard._limit_mode(), "__torch_dispatch__", lambda *a, **k: None)
     assert traffic.tampered(RECORDER_PLACES) == ["OperationLimit.__torch_dispatch__",
-                                                 "guard._allocated", "matmul_flops.aten.mm"]
+                                                 "guard._allocated", "product_flops.aten.mm"]

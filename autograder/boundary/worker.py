@@ -251,7 +251,7 @@ class Worker:
         return reply
 
 
-RECORDER_PLACES = ("guard", "OperationLimit", "CallWork", "matmul_flops", "exp_elements")
+RECORDER_PLACES = ("guard", "OperationLimit", "CallWork", "product_flops", "exp_elements")
 
 
 def recorder_places() -> dict:
@@ -259,7 +259,7 @@ def recorder_places() -> dict:
     the interpreter's), by the names of ``RECORDER_PLACES``: the guard module, the mode's class,
     the work record and its tables."""
     return dict(zip(RECORDER_PLACES, (vars(guard), vars(guard._limit_mode()), vars(CallWork),
-                                      guard._MATMUL_FLOPS, guard._EXP_ELEMENTS)))
+                                      guard._PRODUCT_FLOPS, guard._EXP_ELEMENTS)))
 
 
 def hide_worker_module() -> None:
