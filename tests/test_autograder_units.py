@@ -843,3 +843,30 @@ def test_a_changed_operation_recorder_is_found(monkeypatch):
     monkeypatch.setattr(guard._limit_mode(), "__torch_dispatch__", lambda *a, **k: None)
     assert traffic.tampered(RECORDER_PLACES) == ["OperationLimit.__torch_dispatch__",
                                                  "guard._allocated", "product_flops.aten.mm"]
+
+
+def test_a_worker_killed_from_two_threads_at_once_is_killed_once(tmp_path):
+    """Closing a sandbox kills the compile worker while a build may be killing it too (a build
+    thread runs beside the tests): every call returns, none fails, and a build whose pipe was
+    closed under it is told the worker was stopped."""
+    import os
+    import threading
+    from autograder.boundary.process import WorkerProcess
+    worker = WorkerProcess("none", None, tmp_path, tmp_path / "log.txt", [])
+    worker.proc = subprocess.Popen(["sleep", "60"], start_new_session=True)
+    worker._read, worker._write = os.pipe()
+    start, errors = threading.Barrier(8), []
+
+    def kill():
+        start.wait()
+        try:
+            worker.kill()
+        except Exception as exc:  # noqa: BLE001 - what the race used to raise
+            errors.append(exc)
+    threads = [threading.Thread(target=kill) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert errors == [] and worker.proc is None and not worker.running
+    assert "stopped by the grader" in str(worker._crashed("while building"))

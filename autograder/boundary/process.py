@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Callable
@@ -56,6 +57,7 @@ class WorkerProcess:
         self.mode, self.uid, self.workdir, self.log, self.hide = mode, uid, workdir, log, hide
         self.compile_kernels = compile_kernels   # the compile worker (compiling.serve)
         self.proc: subprocess.Popen | None = None
+        self._killing = threading.Lock()
         self.memory_mb = 0
         self.isolation: list[str] = []
         self._output: list[str] = []
@@ -144,24 +146,32 @@ class WorkerProcess:
             raise LearnerError(f"the sandbox sent back garbage {what}: {exc}") from None
 
     def kill(self) -> None:
-        """Kill the worker's process group and every process of its user; close the pipes."""
-        if self.proc is not None:
+        """Kill the worker's process group and every process of its user; close the pipes.
+        Safe to call from two threads at once (the compile worker's builds run beside the tests,
+        and closing the sandbox kills it under a build): the first call does it, once."""
+        with self._killing:
+            proc, self.proc = self.proc, None
+            if proc is None:
+                return
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             if self.uid is not None:
                 kill_user(self.uid)
-            self.proc.wait()
+            proc.wait()
             os.close(self._write), os.close(self._read)
-            self.proc = None
 
     def _crashed(self, what: str) -> LearnerError:
         """Error for a worker that closed its pipe (killed if still running after 2 s)."""
-        try:
-            cause = f"the worker exited with code {self.proc.wait(timeout=2)}"
-        except subprocess.TimeoutExpired:
-            cause = "it closed the grader's pipe"
+        proc = self.proc
+        if proc is None:
+            cause = "it was stopped by the grader"    # closed meanwhile, from another thread
+        else:
+            try:
+                cause = f"the worker exited with code {proc.wait(timeout=2)}"
+            except subprocess.TimeoutExpired:
+                cause = "it closed the grader's pipe"
         self.kill()
         return LearnerError(f"crashed {what} ({cause})")
 
