@@ -728,7 +728,7 @@ class _Launcher:
 flash_attention_fwd_kernel = _Launcher()
 
 # %% grade_id: flash_attention_fwd_kernel | cheat: the kernel calls a Python helper that walks the stack and computes with torch; a dead tl.dot satisfies the look for tl.dot
-# expect: A kernel cell is Triton code
+# expect: forbidden in this exercise
 import sys
 
 import torch

@@ -320,7 +320,7 @@ def fragmentation(events, num_slots, block_size):
 
 
 # %% grade_id: paged_decode_kernel | cheat: the kernel calls a Python helper that walks the stack to the launcher's tensors and answers with torch
-# expect: A kernel cell is Triton code
+# expect: forbidden in this exercise
 import math
 import sys
 
