@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+import itertools
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -199,7 +200,8 @@ class Llama(nn.Module):
                                             self.attention_backend, mask)
         turns = self.rope_turns[context.rope_rows]
         x = self.embed(input_ids)
-        for layer, block in enumerate(self.blocks[:num_layers]):
+        # islice, not self.blocks[:num_layers]: slicing a ModuleList builds a new module (0.1 ms)
+        for layer, block in enumerate(itertools.islice(self.blocks, num_layers)):
             x = x + block.attn(block.attn_norm(x), turns, context, layer)
             x = x + block.mlp(block.mlp_norm(x))
         if logits_rows is not None:
