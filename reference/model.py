@@ -102,6 +102,15 @@ def rotate_complex(x: Tensor, turns: Tensor) -> Tensor:
     return torch.view_as_real(pairs * torch.view_as_complex(turns.to(x.dtype))).flatten(-2)
 
 
+def rotate_complex_(x: Tensor, turns: Tensor) -> Tensor:
+    """`rotate_complex` in place: x [..., T, H, D] is overwritten by its rotation and returned.
+    The same products and sums, so the same bits, without a new tensor."""
+    if x.dtype not in (torch.float32, torch.float64):
+        return x.copy_(rotate_complex(x, turns))
+    torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(torch.view_as_complex(turns.to(x.dtype)))
+    return x
+
+
 class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -119,13 +128,11 @@ class Attention(nn.Module):
         backend (reference.context).
         """
         cfg = self.cfg
-        qkv = self.qkv_proj(x)
-        n_qk = self.split[0] + self.split[1]
-        # Rotate the query and key heads together: [B, T, n_heads + n_kv_heads, head_dim].
-        qk = rotate_complex(qkv[..., :n_qk].unflatten(-1, (-1, cfg.head_dim)), turns)
-        v = qkv[..., n_qk:].unflatten(-1, (-1, cfg.head_dim))
-        out = context.attend(layer, qk[:, :, :cfg.n_heads], qk[:, :, cfg.n_heads:], v)
-        return self.o_proj(out)
+        heads = self.qkv_proj(x).unflatten(-1, (-1, cfg.head_dim))   # [B, T, n_heads + 2 n_kv_heads, head_dim]
+        # Rotate the query and key heads together, in place: q, k and v stay views of one product.
+        rotate_complex_(heads[:, :, :cfg.n_heads + cfg.n_kv_heads], turns)
+        q, k, v = heads.split((cfg.n_heads, cfg.n_kv_heads, cfg.n_kv_heads), dim=2)
+        return self.o_proj(context.attend(layer, q, k, v))
 
 
 class MLP(nn.Module):

@@ -2,7 +2,7 @@
 import torch
 
 from reference.context import DenseContext
-from reference.model import TINY, apply_rope, build_tiny, rope_tables, rotate_complex
+from reference.model import TINY, apply_rope, build_tiny, rope_tables, rotate_complex, rotate_complex_
 
 
 def random_ids(gen, length):
@@ -76,6 +76,10 @@ def test_complex_rotation_gives_the_same_bits_as_the_pair_swap():
         f"complex rotation differs from rotate_pairs by up to {(by_complex - by_pairs).abs().max():.2e}"
     half = rotate_complex(qk.half(), torch.stack((cos, sin), dim=-1)[:, None].half())
     assert half.dtype == torch.float16, f"a float16 model's keys must stay float16, got {half.dtype}"
+    turns = torch.stack((cos, sin), dim=-1)[:, None]
+    assert torch.equal(rotate_complex_(qk.clone(), turns), by_complex)    # the model's in-place rotation
+    for dtype in (torch.float16, torch.bfloat16):
+        assert torch.equal(rotate_complex_(qk.to(dtype), turns.to(dtype)), rotate_complex(qk.to(dtype), turns.to(dtype)))
 
 
 def test_scores_depend_only_on_relative_position():
