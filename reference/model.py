@@ -103,11 +103,13 @@ def rotate_complex(x: Tensor, turns: Tensor) -> Tensor:
 
 
 def rotate_complex_(x: Tensor, turns: Tensor) -> Tensor:
-    """`rotate_complex` in place: x [..., T, H, D] is overwritten by its rotation and returned.
-    The same products and sums, so the same bits, without a new tensor."""
+    """`rotate_complex` in place, by a table that is already complex: x [..., T, H, D] is
+    overwritten by its rotation and returned; turns [T, 1, D/2] complex (`view_as_complex` of the
+    real table, in float32: made once per step, not once per layer). The same products and sums,
+    so the same bits, without a new tensor."""
     if x.dtype not in (torch.float32, torch.float64):
-        return x.copy_(rotate_complex(x, turns))
-    torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(torch.view_as_complex(turns.to(x.dtype)))
+        return x.copy_(rotate_complex(x, torch.view_as_real(turns)))
+    torch.view_as_complex(x.unflatten(-1, (-1, 2))).mul_(turns)
     return x
 
 
@@ -123,8 +125,8 @@ class Attention(nn.Module):
     def forward(self, x: Tensor, turns: Tensor, context: DenseContext | PagedContext, layer: int) -> Tensor:
         """x [B, T, d_model] -> [B, T, d_model].
 
-        turns: the RoPE table [T, 1, head_dim / 2, 2] (cos, sin) for the T positions of x
-        (`rotate_complex`). The context stores the new keys and values and runs attention with its
+        turns: the complex RoPE table [T, 1, head_dim / 2] for the T positions of x
+        (`rotate_complex_`). The context stores the new keys and values and runs attention with its
         backend (reference.context).
         """
         cfg = self.cfg
@@ -205,7 +207,7 @@ class Llama(nn.Module):
         if context is None:
             context = DenseContext.for_step(cache, input_ids.shape[1], positions, input_ids.device,
                                             self.attention_backend, mask)
-        turns = self.rope_turns[context.rope_rows]
+        turns = torch.view_as_complex(self.rope_turns[context.rope_rows].float())   # [T, 1, head_dim / 2]
         x = self.embed(input_ids)
         # islice, not self.blocks[:num_layers]: slicing a ModuleList builds a new module (0.1 ms)
         for layer, block in enumerate(itertools.islice(self.blocks, num_layers)):

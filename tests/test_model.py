@@ -77,9 +77,11 @@ def test_complex_rotation_gives_the_same_bits_as_the_pair_swap():
     half = rotate_complex(qk.half(), torch.stack((cos, sin), dim=-1)[:, None].half())
     assert half.dtype == torch.float16, f"a float16 model's keys must stay float16, got {half.dtype}"
     turns = torch.stack((cos, sin), dim=-1)[:, None]
-    assert torch.equal(rotate_complex_(qk.clone(), turns), by_complex)    # the model's in-place rotation
-    for dtype in (torch.float16, torch.bfloat16):
-        assert torch.equal(rotate_complex_(qk.to(dtype), turns.to(dtype)), rotate_complex(qk.to(dtype), turns.to(dtype)))
+    in_place = rotate_complex_(qk.clone(), torch.view_as_complex(turns))    # what the model does
+    assert torch.equal(in_place, by_complex)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):   # a model in dtype: its table too
+        want = rotate_complex(qk.to(dtype), turns.to(dtype))
+        assert torch.equal(rotate_complex_(qk.to(dtype), torch.view_as_complex(turns.to(dtype).float())), want), dtype
 
 
 def test_scores_depend_only_on_relative_position():
@@ -97,7 +99,7 @@ def test_query_heads_share_kv_heads_in_groups():
     model = build_tiny(3)
     attn = model.blocks[0].attn
     x = torch.randn(1, 4, TINY.d_model)
-    turns = model.rope_turns[:4]
+    turns = torch.view_as_complex(model.rope_turns[:4])   # as a forward makes it, once per step
     context = DenseContext.for_step(None, 4, None, x.device)   # no cache: causal over the 4 tokens
     captured = {}
     attn.o_proj.register_forward_hook(lambda mod, inp, out: captured.__setitem__("in", inp[0].clone()))
