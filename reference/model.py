@@ -56,7 +56,14 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        """x * rsqrt(mean(x^2) + eps) * weight over the last dimension, as one fused op."""
+        """x * rsqrt(mean(x^2) + eps) * weight over the last dimension.
+
+        On a CPU in float32, the formula itself: six small ops, the same bits as `F.rms_norm`,
+        whose composite runs eight (a decode step's norm, right after a weight matrix streamed
+        through the caches, measured 41 against 60 us). Elsewhere `F.rms_norm`: one fused kernel
+        on a GPU, float32 math for half precision."""
+        if x.is_cpu and x.dtype == torch.float32:
+            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 

@@ -2,7 +2,8 @@
 import torch
 
 from reference.context import DenseContext
-from reference.model import TINY, apply_rope, build_tiny, rope_tables, rotate_complex, rotate_complex_
+from reference.model import (TINY, RMSNorm, apply_rope, build_tiny, rope_tables, rotate_complex,
+                             rotate_complex_)
 
 
 def random_ids(gen, length):
@@ -112,3 +113,15 @@ def test_query_heads_share_kv_heads_in_groups():
     after = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     changed = [(before[:, :, h] != after[:, :, h]).any().item() for h in range(TINY.n_heads)]
     assert changed == [h < TINY.group_size for h in range(TINY.n_heads)]
+
+
+def test_rms_norm_formula_gives_the_bits_of_f_rms_norm():
+    """The CPU float32 path writes the formula out; it must equal torch's fused op exactly."""
+    norm = RMSNorm(576, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576))
+    for shape in [(1, 1, 576), (2, 7, 576)]:
+        x = torch.randn(shape) * 3
+        assert torch.equal(norm(x), torch.nn.functional.rms_norm(x, (576,), norm.weight, 1e-5))
+    half = norm.half()(torch.randn(1, 3, 576).half())
+    assert half.dtype == torch.float16
