@@ -1,4 +1,5 @@
-"""How a linear layer runs at the weight-streaming floor on a CPU: weights packed once for oneDNN.
+"""How a linear layer runs at the weight-streaming floor on a CPU: weights packed once for oneDNN,
+a single row split over the threads.
 
 A decode step, a prompt chunk or a pass that verifies k drafts multiplies a few rows of
 activations (M = 1 to ~16) by every weight matrix of the model. In float32 such a product does
@@ -10,11 +11,16 @@ AMD EPYC for the tied head (49152 x 576, streamed from memory): 1 row 7.9 ms, 5 
 `F.linear`; 7.1 ms and 5.8 ms with the weight packed once.
 
 A single row (a batch-1 decode step) is different: BLAS runs it as a matrix-vector product that
-streams the weight as stored, with nothing to re-pack. Which of the two streams faster depends on
-the CPU: BLAS won on an Intel Xeon at 1 thread (a whole SmolLM2 forward 47.8 ms against 61.2 ms),
-oneDNN on a 2-core AMD EPYC (a 566 MB weight at 2 threads: 20.6 GB/s with BLAS, 38.7 GB/s
-packed; a decode step 31 ms against 16-20 ms). So the one-row path is decided by measurement, once
-per process and thread count (`one_row_packed`, about 0.1 s), not by a rule.
+streams the weight as stored, with nothing to re-pack, but on one thread only (MKL's GEMV did not
+use a second core on a 2-core AMD EPYC: 15-16 GB/s at 1 thread and at 2). Cut along the input
+dimension, the product becomes `parts` partial products over consecutive row blocks of the
+input-major [in, out] buffer the model stores its weights in (views, no copy), summed: one
+`torch.bmm`, whose batch entries BLAS runs on separate threads (`split_gemv`). Measured there at 2
+threads on SmolLM2's 121 matrices, back to back: 27.4 GB/s split, 21.8 GB/s oneDNN packed, 15.0
+GB/s BLAS (a large copy: 48 GB/s); a whole decode step 0.82x the packed one's time. Which path
+streams fastest still depends on the CPU and the thread count (oneDNN won on one machine, plain BLAS
+on an Intel Xeon at 1 thread), so the one-row path is decided by measurement, once per process and
+thread count (`one_row_path`, about 0.1 s), not by a rule.
 
 `PackedLinear` packs each weight once (the first time it is used, again whenever the weight
 changes) into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which
@@ -31,6 +37,8 @@ under `MIN_PACKED_BYTES`, which live in the CPU's caches anyway.
 """
 from __future__ import annotations
 
+import functools
+import math
 import os
 import time
 
@@ -47,10 +55,11 @@ _enabled = os.environ.get("REFERENCE_PACKED_LINEAR", "1") != "0"
 MIN_PACKED_BYTES = 1 << 20
 
 # The one-row race runs on a matrix this large (well past any CPU's last-level cache, as a model's
-# weights are), shaped like SmolLM2's MLP projections.
-RACE_SHAPE = (1536 * 8, 576 * 2)  # 56.6 MB in float32
+# weights are), shaped like SmolLM2's MLP projections, stored input-major as the model stores its own.
+RACE_SHAPE = (1536 * 8, 576 * 2)  # [out, in], 56.6 MB in float32
 
 
+@functools.cache
 def available() -> bool:
     """True when this torch can pack weights for oneDNN (a CPU build with oneDNN's private ops)."""
     ops = getattr(torch.ops, "mkldnn", None)
@@ -74,10 +83,10 @@ def set_enabled(on: bool) -> bool:
 _packed = WeakTensorKeyDictionary()
 
 
-def _packable(x: Tensor, weight: Tensor) -> bool:
-    return (_enabled and weight.device.type == "cpu" and weight.dtype == torch.float32
-            and x.dtype == torch.float32 and weight.dim() == 2
-            and weight.numel() * weight.element_size() >= MIN_PACKED_BYTES and available())
+def _streamed(weight: Tensor) -> bool:
+    """A float32 CPU matrix large enough to be read from memory rather than from the caches."""
+    return (weight.dtype == torch.float32 and weight.is_cpu and weight.dim() == 2
+            and weight.numel() * weight.element_size() >= MIN_PACKED_BYTES)
 
 
 def packed_weight(weight: Tensor) -> Tensor:
@@ -93,8 +102,28 @@ def packed_weight(weight: Tensor) -> Tensor:
     return packed
 
 
-# thread count -> whether a single row is faster through the packed weight on this machine.
-_one_row_packed: dict[int, bool] = {}
+def split_gemv(x: Tensor, weight: Tensor, parts: int) -> Tensor:
+    """One row x [..., in] (x.numel() == in) @ weight [out, in]^T -> [..., out], as `parts` partial
+    products over consecutive slices of the input dimension, summed.
+
+    weight must be input-major (weight.t() contiguous, the model's layout) and `in` a multiple of
+    parts: each part is then a contiguous block of rows of the [in, out] buffer, a view. The parts
+    go to BLAS as one batched product, which runs them on separate threads; the sum adds `parts`
+    vectors of `out` floats. Same products as one GEMV, summed in another order (float rounding)."""
+    rows = weight.t()                                                    # [in, out], contiguous
+    partial = torch.bmm(x.reshape(parts, 1, -1), rows.view(parts, -1, rows.shape[1]))   # [parts, 1, out]
+    return partial.sum(0).view(*x.shape[:-1], rows.shape[1])
+
+
+def _split_parts(weight: Tensor) -> int:
+    """How many parts `split_gemv` cuts this weight into at torch's current thread count (1: no split)."""
+    if not weight.t().is_contiguous():
+        return 1
+    return math.gcd(weight.shape[1], torch.get_num_threads())
+
+
+# thread count -> the one-row path measured fastest on this machine: "blas", "split" or "packed".
+_one_row_path: dict[int, str] = {}
 
 
 def _best_seconds(fn, repeats: int = 3) -> float:
@@ -107,30 +136,43 @@ def _best_seconds(fn, repeats: int = 3) -> float:
     return best
 
 
-def one_row_packed() -> bool:
-    """Whether a one-row product streams faster through oneDNN's packed weight than through BLAS's
-    matrix-vector product, at torch's current thread count: both timed once on a `RACE_SHAPE`
-    weight (best of 3), the answer kept for the rest of the process."""
+def one_row_path() -> str:
+    """The fastest way to stream a weight through a one-row product at torch's current thread count:
+    "blas" (BLAS's matrix-vector product), "split" (`split_gemv`, one part per thread; raced only
+    with 2+ threads) or "packed" (oneDNN's packed weight; raced only where `available`), each timed
+    once on an input-major `RACE_SHAPE` weight (best of 3); the answer is kept for the process."""
     threads = torch.get_num_threads()
-    if threads not in _one_row_packed:
+    if threads not in _one_row_path:
         with torch.inference_mode(False), torch.no_grad():
-            weight = torch.full(RACE_SHAPE, 0.5)
+            weight = torch.full(RACE_SHAPE[::-1], 0.5).t()           # [out, in], input-major
             row = torch.full((1, RACE_SHAPE[1]), 0.5)
-            packed = torch.ops.mkldnn._reorder_linear_weight(weight)
-            blas = _best_seconds(lambda: F.linear(row, weight))
-            onednn = _best_seconds(
-                lambda: torch.ops.mkldnn._linear_pointwise(row, packed, None, "none", [], ""))
-        _one_row_packed[threads] = onednn < blas
-    return _one_row_packed[threads]
+            seconds = {"blas": _best_seconds(lambda: F.linear(row, weight))}
+            if _split_parts(weight) > 1:
+                seconds["split"] = _best_seconds(lambda: split_gemv(row, weight, _split_parts(weight)))
+            if available():
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+                seconds["packed"] = _best_seconds(
+                    lambda: torch.ops.mkldnn._linear_pointwise(row, packed, None, "none", [], ""))
+        _one_row_path[threads] = min(seconds, key=seconds.get)
+    return _one_row_path[threads]
 
 
 def linear(x: Tensor, weight: Tensor) -> Tensor:
     """x [..., in] @ weight[out, in]^T -> [..., out], through the packed weight where possible.
 
-    A single row takes whichever path `one_row_packed` measured faster on this machine."""
-    if not _packable(x, weight) or (x.numel() == x.shape[-1] and not one_row_packed()):
-        return F.linear(x, weight)
-    return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed_weight(weight), None, "none", [], "")
+    A single row takes whichever path `one_row_path` measured fastest on this machine. The checks
+    come cheapest first: a decode step makes ~120 of these calls, and each microsecond here is
+    ~0.5% of a step (a oneDNN call costs ~13 us before it reads a byte of the weight)."""
+    if _enabled and x.dtype == torch.float32 and _streamed(weight):
+        if x.numel() == x.shape[-1]:                                     # one row
+            path = one_row_path()
+            if path == "split" and (parts := _split_parts(weight)) > 1:
+                return split_gemv(x, weight, parts)
+            if path != "packed":
+                return F.linear(x, weight)
+        if available():
+            return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed_weight(weight), None, "none", [], "")
+    return F.linear(x, weight)
 
 
 def packed_bytes() -> int:

@@ -71,7 +71,7 @@ def test_missing_private_ops_fall_back_to_f_linear(packed_on, monkeypatch):
 
 
 def test_a_single_row_takes_the_matrix_vector_path_where_blas_won(packed_on, monkeypatch):
-    monkeypatch.setattr(cpu_linear, "_one_row_packed", {torch.get_num_threads(): False})
+    monkeypatch.setattr(cpu_linear, "_one_row_path", {torch.get_num_threads(): "blas"})
     x, weight = torch.randn(1, 1, 64), torch.randn(256, 64)
     assert torch.equal(cpu_linear.linear(x, weight), F.linear(x, weight))
     assert weight not in cpu_linear._packed, \
@@ -80,21 +80,56 @@ def test_a_single_row_takes_the_matrix_vector_path_where_blas_won(packed_on, mon
 
 @needs_packing
 def test_a_single_row_takes_the_packed_path_where_onednn_won(packed_on, monkeypatch):
-    monkeypatch.setattr(cpu_linear, "_one_row_packed", {torch.get_num_threads(): True})
+    monkeypatch.setattr(cpu_linear, "_one_row_path", {torch.get_num_threads(): "packed"})
     x, weight = torch.randn(1, 1, 64), torch.randn(256, 64)
     assert relative_error(cpu_linear.linear(x, weight), x.double() @ weight.double().T) < 1e-6
     assert weight in cpu_linear._packed
 
 
+@pytest.mark.parametrize("parts", [1, 2, 3, 4])
+def test_split_gemv_sums_partial_products_over_views(parts):
+    gen = torch.Generator().manual_seed(parts)
+    weight = torch.randn(48, 72, generator=gen).t().contiguous().t()    # [out, in] view of [in, out]
+    x = torch.randn(1, 1, 72, generator=gen)
+    got = cpu_linear.split_gemv(x, weight, parts)
+    assert got.shape == (1, 1, 48)
+    assert relative_error(got, x.double() @ weight.double().T) < 1e-6
+
+
+def test_a_single_row_is_split_over_the_threads_where_that_won(packed_on, monkeypatch):
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    monkeypatch.setattr(cpu_linear, "_one_row_path", {2: "split"})
+    calls = []
+    real_split = cpu_linear.split_gemv
+    monkeypatch.setattr(cpu_linear, "split_gemv", lambda x, w, parts: calls.append(parts) or real_split(x, w, parts))
+    x = torch.randn(1, 1, 64)
+    input_major = torch.randn(64, 256).t()                               # [256, 64], weight.t() contiguous
+    assert relative_error(cpu_linear.linear(x, input_major), x.double() @ input_major.double().T) < 1e-6
+    assert calls == [2] and input_major not in cpu_linear._packed, "split: no packed copy"
+    row_major = torch.randn(256, 64)                                     # no view of row blocks: BLAS
+    assert torch.equal(cpu_linear.linear(x, row_major), F.linear(x, row_major)) and calls == [2]
+
+
 @needs_packing
-@pytest.mark.parametrize("blas_s, onednn_s, packed", [(2.0, 1.0, True), (1.0, 2.0, False)])
-def test_the_one_row_path_is_the_faster_of_the_two(monkeypatch, blas_s, onednn_s, packed):
-    """The race times BLAS first, then oneDNN; the verdict is kept per thread count."""
-    times = iter([blas_s, onednn_s])
+@pytest.mark.parametrize("blas_s, split_s, onednn_s, path", [(2.0, 3.0, 1.0, "packed"), (1.0, 3.0, 2.0, "blas"),
+                                                              (3.0, 1.0, 2.0, "split")])
+def test_the_one_row_path_is_the_fastest_of_the_three(monkeypatch, blas_s, split_s, onednn_s, path):
+    """The race times BLAS, the split GEMV (2+ threads), then oneDNN (where available); the
+    verdict is kept per thread count."""
+    times = iter([blas_s, split_s, onednn_s])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
     monkeypatch.setattr(cpu_linear, "_best_seconds", lambda fn, repeats=3: next(times))
-    monkeypatch.setattr(cpu_linear, "_one_row_packed", {})
-    assert cpu_linear.one_row_packed() is packed
-    assert cpu_linear.one_row_packed() is packed, "the verdict must be kept, not re-raced"
+    monkeypatch.setattr(cpu_linear, "_one_row_path", {})
+    assert cpu_linear.one_row_path() == path
+    assert cpu_linear.one_row_path() == path, "the verdict must be kept, not re-raced"
+
+
+def test_one_thread_races_no_split(monkeypatch):
+    times = iter([2.0, 1.0])
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    monkeypatch.setattr(cpu_linear, "_best_seconds", lambda fn, repeats=3: next(times))
+    monkeypatch.setattr(cpu_linear, "_one_row_path", {})
+    assert cpu_linear.one_row_path() == ("packed" if cpu_linear.available() else "blas")
 
 
 def test_small_matrices_take_the_plain_path():

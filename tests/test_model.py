@@ -2,7 +2,8 @@
 import torch
 
 from reference.context import DenseContext
-from reference.model import TINY, apply_rope, build_tiny, rope_tables, rotate_complex
+from reference.model import (TINY, RMSNorm, apply_rope, build_tiny, rope_tables, rotate_complex,
+                             rotate_complex_)
 
 
 def random_ids(gen, length):
@@ -76,6 +77,12 @@ def test_complex_rotation_gives_the_same_bits_as_the_pair_swap():
         f"complex rotation differs from rotate_pairs by up to {(by_complex - by_pairs).abs().max():.2e}"
     half = rotate_complex(qk.half(), torch.stack((cos, sin), dim=-1)[:, None].half())
     assert half.dtype == torch.float16, f"a float16 model's keys must stay float16, got {half.dtype}"
+    turns = torch.stack((cos, sin), dim=-1)[:, None]
+    in_place = rotate_complex_(qk.clone(), torch.view_as_complex(turns))    # what the model does
+    assert torch.equal(in_place, by_complex)
+    for dtype in (torch.float16, torch.bfloat16, torch.float64):   # a model in dtype: its table too
+        want = rotate_complex(qk.to(dtype), turns.to(dtype))
+        assert torch.equal(rotate_complex_(qk.to(dtype), torch.view_as_complex(turns.to(dtype).float())), want), dtype
 
 
 def test_scores_depend_only_on_relative_position():
@@ -93,7 +100,7 @@ def test_query_heads_share_kv_heads_in_groups():
     model = build_tiny(3)
     attn = model.blocks[0].attn
     x = torch.randn(1, 4, TINY.d_model)
-    turns = model.rope_turns[:4]
+    turns = torch.view_as_complex(model.rope_turns[:4])   # as a forward makes it, once per step
     context = DenseContext.for_step(None, 4, None, x.device)   # no cache: causal over the 4 tokens
     captured = {}
     attn.o_proj.register_forward_hook(lambda mod, inp, out: captured.__setitem__("in", inp[0].clone()))
@@ -106,3 +113,15 @@ def test_query_heads_share_kv_heads_in_groups():
     after = captured["in"].view(1, 4, TINY.n_heads, TINY.head_dim)
     changed = [(before[:, :, h] != after[:, :, h]).any().item() for h in range(TINY.n_heads)]
     assert changed == [h < TINY.group_size for h in range(TINY.n_heads)]
+
+
+def test_rms_norm_formula_gives_the_bits_of_f_rms_norm():
+    """The CPU float32 path writes the formula out; it must equal torch's fused op exactly."""
+    norm = RMSNorm(576, 1e-5)
+    with torch.no_grad():
+        norm.weight.copy_(torch.randn(576))
+    for shape in [(1, 1, 576), (2, 7, 576)]:
+        x = torch.randn(shape) * 3
+        assert torch.equal(norm(x), torch.nn.functional.rms_norm(x, (576,), norm.weight, 1e-5))
+    half = norm.half()(torch.randn(1, 3, 576).half())
+    assert half.dtype == torch.float16

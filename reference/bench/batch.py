@@ -111,8 +111,9 @@ FAMILIES = {
                          "aten::_scaled_dot_product_efficient_attention", "aten::scaled_dot_product_attention"),
     "K/V gather and store": ("aten::index_select", "aten::index_copy_", "aten::index", "aten::_index_put_impl_"),
     "element-wise (norms, RoPE, SiLU, residuals)": (
-        "aten::mul", "aten::add", "aten::pow", "aten::sum", "aten::silu", "aten::rsqrt", "aten::flip",
-        "aten::where", "aten::_fused_rms_norm", "aten::cat", "aten::neg", "aten::fill_", "aten::copy_"),
+        "aten::mul", "aten::mul_", "aten::add", "aten::pow", "aten::mean", "aten::sum", "aten::silu",
+        "aten::rsqrt", "aten::flip", "aten::where", "aten::_fused_rms_norm", "aten::cat", "aten::neg",
+        "aten::fill_", "aten::copy_"),
 }
 
 
