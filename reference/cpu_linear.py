@@ -17,10 +17,11 @@ dimension, the product becomes `parts` partial products over consecutive row blo
 input-major [in, out] buffer the model stores its weights in (views, no copy), summed: one
 `torch.bmm`, whose batch entries BLAS runs on separate threads (`split_gemv`). Measured there at 2
 threads on SmolLM2's 121 matrices, back to back: 27.4 GB/s split, 21.8 GB/s oneDNN packed, 15.0
-GB/s BLAS (a large copy: 48 GB/s); a whole decode step 0.82x the packed one's time. Which path
-streams fastest still depends on the CPU and the thread count (oneDNN won on one machine, plain BLAS
-on an Intel Xeon at 1 thread), so the one-row path is decided by measurement, once per process and
-thread count (`one_row_path`, about 0.1 s), not by a rule.
+GB/s BLAS, while a plain read (`sum` over 128 MB) ran at 48 GB/s; a decode step took 0.82x the
+packed one's time. Which path streams fastest still depends on the CPU, the thread count and the
+load (oneDNN won on an earlier 2-core AMD EPYC, BLAS on an Intel Xeon at 1 thread, and at 2
+threads on a 2-core machine kept busy by another process), so the one-row path is decided by
+measurement, once per process and thread count (`one_row_path`, about 0.1 s), not by a rule.
 
 `PackedLinear` packs each weight once (the first time it is used, again whenever the weight
 changes) into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which
