@@ -17,10 +17,11 @@ dimension, the product becomes `parts` partial products over consecutive row blo
 input-major [in, out] buffer the model stores its weights in (views, no copy), summed: one
 `torch.bmm`, whose batch entries BLAS runs on separate threads (`split_gemv`). Measured there at 2
 threads on SmolLM2's 121 matrices, back to back: 27.4 GB/s split, 21.8 GB/s oneDNN packed, 15.0
-GB/s BLAS (a large copy: 48 GB/s); a whole decode step 0.82x the packed one's time. Which path
-streams fastest still depends on the CPU and the thread count (oneDNN won on one machine, plain BLAS
-on an Intel Xeon at 1 thread), so the one-row path is decided by measurement, once per process and
-thread count (`one_row_path`, about 0.1 s), not by a rule.
+GB/s BLAS, while a plain read (`sum` over 128 MB) ran at 48 GB/s; a decode step took 0.82x the
+packed one's time. Which path streams fastest still depends on the CPU, the thread count and the
+load (oneDNN won on an earlier 2-core AMD EPYC, BLAS on an Intel Xeon at 1 thread, and at 2
+threads on a 2-core machine kept busy by another process), so the one-row path is decided by
+measurement, once per process and thread count (`one_row_path`, about 0.1 s), not by a rule.
 
 `PackedLinear` packs each weight once (the first time it is used, again whenever the weight
 changes) into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which
@@ -126,34 +127,38 @@ def _split_parts(weight: Tensor) -> int:
 _one_row_path: dict[int, str] = {}
 
 
-def _best_seconds(fn, repeats: int = 3) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
+def _fastest(candidates: dict, rounds: int = 5, clock=time.perf_counter) -> str:
+    """The name of the fastest of `candidates` (name -> function): each called once to warm up,
+    then once per round, in turn, keeping each one's best time. Interleaved, so that a burst of
+    load from another process hits every candidate rather than the one that happened to run then."""
+    for fn in candidates.values():
         fn()
-        best = min(best, time.perf_counter() - start)
-    return best
+    best = dict.fromkeys(candidates, float("inf"))
+    for _ in range(rounds):
+        for name, fn in candidates.items():
+            start = clock()
+            fn()
+            best[name] = min(best[name], clock() - start)
+    return min(best, key=best.get)
 
 
 def one_row_path() -> str:
     """The fastest way to stream a weight through a one-row product at torch's current thread count:
     "blas" (BLAS's matrix-vector product), "split" (`split_gemv`, one part per thread; raced only
-    with 2+ threads) or "packed" (oneDNN's packed weight; raced only where `available`), each timed
-    once on an input-major `RACE_SHAPE` weight (best of 3); the answer is kept for the process."""
+    with 2+ threads) or "packed" (oneDNN's packed weight; raced only where `available`), raced on
+    an input-major `RACE_SHAPE` weight (`_fastest`, ~0.1 s); the answer is kept for the process."""
     threads = torch.get_num_threads()
     if threads not in _one_row_path:
         with torch.inference_mode(False), torch.no_grad():
             weight = torch.full(RACE_SHAPE[::-1], 0.5).t()           # [out, in], input-major
             row = torch.full((1, RACE_SHAPE[1]), 0.5)
-            seconds = {"blas": _best_seconds(lambda: F.linear(row, weight))}
-            if _split_parts(weight) > 1:
-                seconds["split"] = _best_seconds(lambda: split_gemv(row, weight, _split_parts(weight)))
+            candidates = {"blas": lambda: F.linear(row, weight)}
+            if (parts := _split_parts(weight)) > 1:
+                candidates["split"] = lambda: split_gemv(row, weight, parts)
             if available():
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
-                seconds["packed"] = _best_seconds(
-                    lambda: torch.ops.mkldnn._linear_pointwise(row, packed, None, "none", [], ""))
-        _one_row_path[threads] = min(seconds, key=seconds.get)
+                candidates["packed"] = lambda: torch.ops.mkldnn._linear_pointwise(row, packed, None, "none", [], "")
+            _one_row_path[threads] = _fastest(candidates)
     return _one_row_path[threads]
 
 

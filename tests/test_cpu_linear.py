@@ -110,26 +110,27 @@ def test_a_single_row_is_split_over_the_threads_where_that_won(packed_on, monkey
     assert torch.equal(cpu_linear.linear(x, row_major), F.linear(x, row_major)) and calls == [2]
 
 
-@needs_packing
-@pytest.mark.parametrize("blas_s, split_s, onednn_s, path", [(2.0, 3.0, 1.0, "packed"), (1.0, 3.0, 2.0, "blas"),
-                                                              (3.0, 1.0, 2.0, "split")])
-def test_the_one_row_path_is_the_fastest_of_the_three(monkeypatch, blas_s, split_s, onednn_s, path):
-    """The race times BLAS, the split GEMV (2+ threads), then oneDNN (where available); the
-    verdict is kept per thread count."""
-    times = iter([blas_s, split_s, onednn_s])
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
-    monkeypatch.setattr(cpu_linear, "_best_seconds", lambda fn, repeats=3: next(times))
+@pytest.mark.parametrize("threads, offered", [(1, ["blas", "packed"]), (2, ["blas", "split", "packed"])])
+def test_the_race_offers_split_only_with_threads_and_keeps_its_verdict(monkeypatch, threads, offered):
+    races = []
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    monkeypatch.setattr(cpu_linear, "_fastest", lambda candidates: races.append(list(candidates)) or offered[-1])
     monkeypatch.setattr(cpu_linear, "_one_row_path", {})
-    assert cpu_linear.one_row_path() == path
-    assert cpu_linear.one_row_path() == path, "the verdict must be kept, not re-raced"
+    want = [name for name in offered if name != "packed" or cpu_linear.available()]
+    assert cpu_linear.one_row_path() == offered[-1]
+    assert cpu_linear.one_row_path() == offered[-1] and races == [want], "the verdict must be kept, not re-raced"
 
 
-def test_one_thread_races_no_split(monkeypatch):
-    times = iter([2.0, 1.0])
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
-    monkeypatch.setattr(cpu_linear, "_best_seconds", lambda fn, repeats=3: next(times))
-    monkeypatch.setattr(cpu_linear, "_one_row_path", {})
-    assert cpu_linear.one_row_path() == ("packed" if cpu_linear.available() else "blas")
+def test_the_race_interleaves_and_keeps_each_candidates_best_time():
+    """A burst of load that slows one round of the fast candidate must not hand the race to the slow one."""
+    now = [0.0]
+    def clock():
+        return now[0]
+    def costs(*seconds):
+        it = iter(seconds)
+        return lambda: now.__setitem__(0, now[0] + next(it))
+    candidates = {"steady": costs(9, 2.0, 2.0, 2.0), "fast but hit once": costs(9, 5.0, 1.0, 1.0)}
+    assert cpu_linear._fastest(candidates, rounds=3, clock=clock) == "fast but hit once"
 
 
 def test_small_matrices_take_the_plain_path():

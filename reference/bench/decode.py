@@ -25,6 +25,7 @@ from torch import Tensor
 
 from reference.bench import measure
 from reference.bench.hf_peer import load_hf_peer
+from reference import cpu_linear
 from reference.cpu_linear import linear
 from reference.decoding import DecodeStats, generate
 from reference.model import load_model
@@ -136,7 +137,8 @@ def run(args: argparse.Namespace) -> None:
     hf = load_hf_peer()
     ids = tok.chat_ids(PROMPT)
     print(f"threads: {threads} ({'--threads' if args.threads else 'free cores'}), OpenMP wait "
-          f"policy: {wait_policy()}   prompt: {len(ids)} tokens   weights: "
+          f"policy: {wait_policy()}   one-row products: {cpu_linear.one_row_path()} "
+          f"(reference/cpu_linear.py)   prompt: {len(ids)} tokens   weights: "
           f"{model.weight_bytes() / 2**20:.0f} MiB {str(model.embed.weight.dtype).removeprefix('torch.')}\n")
     time_ours(model, ids, 4, True), time_hf(hf, ids, 4)  # warm-up: allocator, thread pool
     speeds = batch1_rows(model, hf, ids, args.tokens, args.naive_max, args.repeats)
