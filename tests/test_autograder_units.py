@@ -326,6 +326,57 @@ def test_a_failed_prerequisite_scores_its_whole_exercise_zero(capsys):
         REGISTRY.pop("gated_exercise")
 
 
+def test_a_costly_test_is_not_run_after_a_failed_prerequisite(tmp_path):
+    """``costly=True``: a slow test (a memory-sized case, a build for the GPUs) does not run once
+    an earlier test of its exercise failed its prerequisite, and says why; it runs where none did."""
+    from autograder.grading import run_tests
+    from autograder.rules.plugin import REGISTRY
+
+    grader = tmp_path / "test_costly_grader.py"
+    grader.write_text(
+        "from autograder.rules.feedback import PrerequisiteFailed\n"
+        "from autograder.rules.plugin import exercise\n"
+        "RAN = []\n"
+        "@exercise('skips_method', points=2)\n"
+        "def test_method(learner, seed):\n"
+        "    raise PrerequisiteFailed('two passes', rule='one pass over the keys')\n"
+        "@exercise('skips_method', points=2, costly=True)\n"
+        "def test_large_case(learner, seed):\n"
+        "    RAN.append('skips_method')\n"
+        "@exercise('follows_method', points=2)\n"
+        "def test_method_held(learner, seed):\n"
+        "    pass\n"
+        "@exercise('follows_method', points=2, costly=True)\n"
+        "def test_large_case_held(learner, seed):\n"
+        "    RAN.append('follows_method')\n"
+        "    assert False, 'the large case ran'\n")
+    try:
+        outcomes = {o.name: o for o in run_tests(grader, learner=object(), seed=0)}
+    finally:
+        for gid in ("skips_method", "follows_method"):
+            REGISTRY.pop(gid, None)
+    skipped = outcomes["test_large_case"]
+    assert skipped.score == 0 and skipped.message.startswith("skipped: not run: one pass over")
+    assert "see `test_method`" in skipped.message
+    assert outcomes["test_large_case_held"].message.startswith("the large case ran")
+    assert outcomes["test_method_held"].score == 1
+
+
+def test_a_function_still_at_its_stub_fails_unrun_and_anything_else_runs():
+    from autograder.boundary.sandbox import untouched_stub
+    stub = 'def f(x):\n    """Doc."""\n    raise NotImplementedError("write f")\n'
+    assert untouched_stub([("f", stub)], "f")
+    assert untouched_stub([("f", "import torch\n\n\ndef f(x):\n    raise NotImplementedError\n")], "f")
+    done = "def f(x):\n    return x\n"
+    for cells in ([("f", done)],                                         # written
+                  [("f", stub), ("g", "def g():\n    pass\nf = g\n")],  # bound again elsewhere
+                  [("f", stub + "f = lambda x: x\n")],                  # bound again in its cell
+                  [("f", "def f(x):\n    if x:\n        raise NotImplementedError\n    return 1\n")],
+                  [("f", stub), ("f", done)],                            # graded twice
+                  [("g", stub)]):                                        # not its exercise's cell
+        assert not untouched_stub(cells, "f"), cells
+
+
 def test_an_exercise_memory_limit_applies_while_it_is_graded():
     from autograder.rules.plugin import Exercise
     from autograder.boundary.sandbox import SandboxLearner

@@ -19,6 +19,7 @@ answered by ``self.store`` (the reference objects, in this process).
 """
 from __future__ import annotations
 
+import ast
 import shutil
 import tempfile
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -27,7 +28,7 @@ from typing import Any, Iterable
 
 from autograder.boundary.budget import TimeBudget
 from autograder.boundary.builds import BUILD_SECONDS, KernelBuilder
-from autograder.boundary.causes import LearnerError, OperationRefused
+from autograder.boundary.causes import NOT_IMPLEMENTED, LearnerError, OperationRefused
 from autograder.boundary.guard import CallWork
 from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delete_leftovers
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
@@ -92,11 +93,10 @@ class SandboxLearner(GraderSideTrace):
     # -- what the grader tests see -----------------------------------------------------------
     def begin(self, exercise) -> None:
         """The exercise graded from now on (its ``forbid`` list, ``timeout`` and ``memory_mb``:
-        a running worker whose memory limit is not the exercise's is stopped, and the next call
-        starts one with the right limit, set before any learner code runs)."""
+        its first call to the learner's code stops a worker whose memory limit is not the
+        exercise's and starts one with the right limit, set before any learner code runs; an
+        exercise left at its stub starts none)."""
         self.exercise = exercise
-        if self.worker.running and self.worker.memory_mb != self.memory_limit_mb:
-            self.worker.kill()
         start_builds(self, exercise.grade_id)   # a kernel builds for GPUs while its other tests run
 
     @property
@@ -198,6 +198,11 @@ class SandboxLearner(GraderSideTrace):
         return self.worker.take_output()
 
     def _call(self, request: dict) -> Any:
+        if self.worker.running and self.worker.memory_mb != self.memory_limit_mb:
+            self.worker.kill()
+            self._handles.clear()
+            if "handle" in request:
+                self._target(from_wire(request["handle"]))   # lost with the old worker: says so
         self._ensure_worker()
         self.store.trace.clear()
         if self.exercise is not None:
@@ -221,7 +226,11 @@ class SandboxLearner(GraderSideTrace):
 
     # -- the learner API ---------------------------------------------------------------------
     def call(self, name: str, *args: Any, **kwargs: Any) -> Any:
-        """Result of the learner's function ``name(*args, **kwargs)`` (plain data or Handle)."""
+        """Result of the learner's function ``name(*args, **kwargs)`` (plain data or Handle).
+        A function still at its stub (``untouched_stub``) fails as its call would, unrun, so
+        that an exercise left undone starts no worker."""
+        if untouched_stub(self.cells, name):
+            raise LearnerError(NOT_IMPLEMENTED)
         return self._call_named(name, {"op": "call", "name": name, "args": self._wire(args),
                                        "kwargs": self._wire(kwargs)})
 
@@ -288,6 +297,29 @@ class SandboxLearner(GraderSideTrace):
     def take_notes(self) -> str:
         text, self.notes = "\n".join(self.notes), []
         return text
+
+
+def untouched_stub(cells: list[tuple[str, str]], name: str) -> bool:
+    """Whether ``name`` is a function of the cells that is still its stub: defined once, in
+    the cell graded as ``name``, as a body that only raises NotImplementedError (after its
+    docstring), and named in no other cell (which could define it again)."""
+    own = [src for gid, src in cells if gid == name]
+    if len(own) != 1 or any(name in src for gid, src in cells if gid != name):
+        return False
+    try:
+        tree = ast.parse(own[0])
+    except (SyntaxError, ValueError):
+        return False
+    defs = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == name]
+    if len(defs) != 1 or any(isinstance(n, (ast.Assign, ast.ClassDef, ast.AsyncFunctionDef))
+                             and name in ast.unparse(n) for n in tree.body):
+        return False
+    body = defs[0].body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return (len(body) == 1 and isinstance(body[0], ast.Raise) and body[0].exc is not None
+            and "NotImplementedError" == ast.unparse(body[0].exc).split("(")[0])
 
 
 def _handles_in(value: Any) -> list[Handle]:

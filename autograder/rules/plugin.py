@@ -16,6 +16,10 @@ names functions the learner's code must not call (refused at run time and flagge
 source) and puts the exercise under the operation allow-list of ``autograder.rules.operations``
 (an operation outside it scores the exercise 0, as a failed prerequisite does); ``timeout=S`` replaces the per-call time limit for this exercise (slow interpreters);
 ``memory_mb=M`` lowers the sandbox's memory limit while this exercise is graded (a fresh worker).
+``costly=True`` marks a slow test (a case sized to a memory limit, a build for the GPUs): it is
+not run, and scores 0 as the gate would score it, once an earlier test of the exercise has failed
+its prerequisite, so a submission that skips the technique costs seconds, not minutes (put such
+tests last in their exercise).
 The verdict is computed here, in the grader process, from pytest's own reports; learner output
 is shown, never parsed. A test that skips itself scores 0 (shown as "skipped: ...").
 """
@@ -50,12 +54,13 @@ REGISTRY: dict[str, Exercise] = {}
 
 
 def exercise(grade_id: str, points: float = 1, *, forbid: Iterable[str] = (),
-             timeout: float | None = None,
-             memory_mb: int | None = None) -> Callable[[Callable], Callable]:
+             timeout: float | None = None, memory_mb: int | None = None,
+             costly: bool = False) -> Callable[[Callable], Callable]:
     """Decorator: mark a grader test as part of exercise ``grade_id`` worth ``points`` in total
     (shared by all tests of that exercise) and register it in ``REGISTRY``. ``forbid`` (dotted
     function names), ``timeout`` (seconds per learner call) and ``memory_mb`` (the sandbox's
-    memory limit, when below ``--memory-mb``) apply to the whole exercise."""
+    memory limit, when below ``--memory-mb``) apply to the whole exercise; ``costly`` to this
+    test only (not run after a failed prerequisite of the exercise)."""
     def decorate(fn: Callable) -> Callable:
         entry = REGISTRY.setdefault(grade_id, Exercise(grade_id, points))
         if entry.points != points:
@@ -67,7 +72,7 @@ def exercise(grade_id: str, points: float = 1, *, forbid: Iterable[str] = (),
         if memory_mb is not None:
             entry.memory_mb = min(entry.memory_mb or memory_mb, int(memory_mb))
         entry.tests[f"{fn.__code__.co_filename}::{fn.__name__}"] = fn
-        return pytest.mark.exercise(grade_id, points=points)(fn)
+        return pytest.mark.exercise(grade_id, points=points, costly=costly)(fn)
     return decorate
 
 
@@ -186,6 +191,11 @@ class Collector:
             self.learner.take_notes()
         mark = item.get_closest_marker("exercise")
         if mark:
+            gate = next((o for o in self.outcomes if o.grade_id == mark.args[0] and o.prerequisite),
+                        None)
+            if gate is not None and mark.kwargs.get("costly"):
+                pytest.skip(f"not run: {gate.prerequisite} (see `{gate.name}`); this slow test "
+                            "runs once the exercise's other tests hold it")
             static_check(self.learner, REGISTRY.get(mark.args[0]))
 
     @pytest.hookimpl(wrapper=True)

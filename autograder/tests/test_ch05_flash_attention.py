@@ -9,10 +9,10 @@ owns its launcher, poisons every output and the spare rows and heads of its inpu
 The grader owns the key loop of ``attend_tile``: one key tile per call, from states of keys the
 learner never sees and states the grader picks, on interleaved problems, (acc, m, l) checked
 after every tile. Tiled means tiled, a prerequisite (``PrerequisiteFailed``: without it the exercise scores 0):
-``tiled_attention`` is graded under a memory limit of its own (``TILED_MEMORY_MB``) and runs first
-on a float64 case, one query tile of all rows and 128-key tiles, whose whole score matrix is 5%
-larger than that limit even in float32, so neither the whole matrix nor a query tile's whole rows
-of scores fit and only a tiled computation finishes; softmax and the one-line normalisers
+``tiled_attention`` is graded under a memory limit of its own (``TILED_MEMORY_MB``) and, last,
+on a float32 case, one query tile of all rows and 128-key tiles, whose whole score matrix is 5%
+larger than that limit, so neither the whole matrix nor a query tile's whole rows of scores fit
+and only a tiled computation finishes (the smaller cases check the largest allocation instead); softmax and the one-line normalisers
 (logsumexp, logcumsumexp, log_softmax, softmin, SDPA, flex_attention) are forbidden.
 One pass means one pass, a prerequisite too: on every call of ``attend_tile`` and
 ``tiled_attention`` the work the sandbox recorded (``learner.last_call_work``: matmul FLOPs, the
@@ -403,56 +403,13 @@ TILED_MEMORY_MB = 2048  # the sandbox's memory limit (MB) while tiled_attention 
 
 def _large_case_queries(learner) -> int:
     """Query rows of the large case: enough that its [Nq, Nk] score matrix exceeds the sandbox's
-    memory limit by 5% even in float32 (10% in float64, the case's dtype), so only a tiled
+    memory limit by 5% in float32 (the case's dtype; and twice that in float64), so only a tiled
     computation finishes, whatever the worker already uses; 64 where the learner runs without a
     limit (``check()`` in a notebook)."""
     memory_mb = getattr(learner, "memory_limit_mb", None)
     if not memory_mb:
         return 64
     return int(memory_mb * 2**20 * 1.05 / (4 * LARGE_KEYS)) + 1
-
-
-@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,
-          memory_mb=TILED_MEMORY_MB)
-def test_tiled_attention_never_holds_the_whole_score_matrix(learner, seed):
-    """The prerequisite of the exercise (``PrerequisiteFailed``: every test scores 0 without it):
-    one query tile of all Nq rows and key tiles of 128, float64, where the whole [Nq, Nk] score
-    matrix, in float64 or float32, does not fit in the memory limit, and neither does one query
-    tile's whole rows of scores; the [Nq, 128] tiles do."""
-    gen = generator(seed + 3)
-    n_q, dim = _large_case_queries(learner), 8
-    q = torch.randn(1, 1, n_q, dim, generator=gen, dtype=torch.float64)
-    k, v = (torch.randn(1, 1, LARGE_KEYS, dim, generator=gen, dtype=torch.float64) for _ in "kv")
-    block_q, block_k = n_q, LARGE_BLOCK_K
-    call = (f"tiled_attention(q [1, 1, {n_q}, {dim}], k/v [1, 1, {LARGE_KEYS}, {dim}] float64, "
-            f"block_q={block_q}, block_k={block_k})")
-    try:
-        result = learner.call("tiled_attention", q, k, v, block_q, block_k, causal=False)
-    except LearnerError as exc:
-        if "memory" not in str(exc):
-            raise
-        whole = n_q * LARGE_KEYS * 8 / 2**30
-        raise PrerequisiteFailed(
-            f"{call}: {exc}. Not allowed: the whole [Nq, Nk] score matrix ({whole:.1f} GiB here "
-            f"in float64, {whole / 2:.1f} GiB in float32), or a query tile's whole rows of "
-            "scores over all Nk keys; work tile by tile: hold one [block_q, block_k] tile of "
-            "scores at a time, with the running max, sum and output per row. The exercise "
-            "scores 0 until this case runs within the memory limit",
-            rule="the whole score matrix is not allowed; work tile by tile") from None
-    _require_one_pass_over_keys(learner, q, LARGE_KEYS, block_k, call)
-    if not isinstance(result, (tuple, list)) or len(result) != 2:
-        raise AssertionError(f"{call} returned {type(result).__name__}; return the pair (out, lse)")
-    rows = torch.randperm(n_q, generator=gen)[:CHECKED_ROWS]
-    expected, expected_lse = _attention64(q[:, :, rows], k, v)
-    out, lse = result
-    if not (isinstance(out, torch.Tensor) and out.shape == q.shape and isinstance(lse, torch.Tensor)
-            and lse.shape == q.shape[:3]):
-        raise AssertionError(f"{call} returned out {getattr(out, 'shape', out)!s:.60} and lse "
-                             f"{getattr(lse, 'shape', lse)!s:.60}; expected [1, 1, {n_q}, {dim}] "
-                             f"and [1, 1, {n_q}]")
-    assert_close(out[:, :, rows], expected, name=f"out of {call} (rows {rows[:4].tolist()}...)",
-                 rtol=2e-4, atol=2e-5)
-    assert_close(lse[:, :, rows], expected_lse, name=f"lse of {call}", rtol=2e-4, atol=2e-5)
 
 
 @exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,
@@ -485,6 +442,52 @@ def test_tiled_attention_large_scores(learner, seed):
     for causal in (False, True):
         q, k, v, bq, bk = _tiled_case(gen, causal=causal, magnitude=60.0)
         _check_tiled(learner, q, k, v, bq, bk, causal=causal, what="with scores in the hundreds")
+
+
+@exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,
+          memory_mb=TILED_MEMORY_MB, costly=True)
+def test_tiled_attention_never_holds_the_whole_score_matrix(learner, seed):
+    """The prerequisite of the exercise (``PrerequisiteFailed``: every test scores 0 without it):
+    one query tile of all Nq rows and key tiles of 128, float32, where the whole [Nq, Nk] score
+    matrix, in float32 or float64, does not fit in the memory limit, and neither does one query
+    tile's whole rows of scores; the [Nq, 128] tiles do. The slowest test of the exercise (half
+    a billion scores), so it runs last and not at all once another test found the method
+    missing (``costly``)."""
+    gen = generator(seed + 3)
+    n_q, dim = _large_case_queries(learner), 8
+    q = torch.randn(1, 1, n_q, dim, generator=gen, dtype=torch.float64).float()
+    k, v = (torch.randn(1, 1, LARGE_KEYS, dim, generator=gen, dtype=torch.float64).float()
+            for _ in "kv")
+    block_q, block_k = n_q, LARGE_BLOCK_K
+    call = (f"tiled_attention(q [1, 1, {n_q}, {dim}], k/v [1, 1, {LARGE_KEYS}, {dim}] float32, "
+            f"block_q={block_q}, block_k={block_k})")
+    try:
+        result = learner.call("tiled_attention", q, k, v, block_q, block_k, causal=False)
+    except LearnerError as exc:
+        if "memory" not in str(exc):
+            raise
+        whole = n_q * LARGE_KEYS * 4 / 2**30
+        raise PrerequisiteFailed(
+            f"{call}: {exc}. Not allowed: the whole [Nq, Nk] score matrix ({whole:.1f} GiB here "
+            f"in float32, {2 * whole:.1f} GiB in float64), or a query tile's whole rows of "
+            "scores over all Nk keys; work tile by tile: hold one [block_q, block_k] tile of "
+            "scores at a time, with the running max, sum and output per row. The exercise "
+            "scores 0 until this case runs within the memory limit",
+            rule="the whole score matrix is not allowed; work tile by tile") from None
+    _require_one_pass_over_keys(learner, q, LARGE_KEYS, block_k, call)
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise AssertionError(f"{call} returned {type(result).__name__}; return the pair (out, lse)")
+    rows = torch.randperm(n_q, generator=gen)[:CHECKED_ROWS]
+    expected, expected_lse = _attention64(q[:, :, rows], k, v)
+    out, lse = result
+    if not (isinstance(out, torch.Tensor) and out.shape == q.shape and isinstance(lse, torch.Tensor)
+            and lse.shape == q.shape[:3]):
+        raise AssertionError(f"{call} returned out {getattr(out, 'shape', out)!s:.60} and lse "
+                             f"{getattr(lse, 'shape', lse)!s:.60}; expected [1, 1, {n_q}, {dim}] "
+                             f"and [1, 1, {n_q}]")
+    assert_close(out[:, :, rows], expected, name=f"out of {call} (rows {rows[:4].tolist()}...)",
+                 rtol=2e-4, atol=2e-5)
+    assert_close(lse[:, :, rows], expected_lse, name=f"lse of {call}", rtol=2e-4, atol=2e-5)
 
 
 # ----------------------------------------------------------------------- score_tile_kernel
@@ -551,9 +554,14 @@ def _score_tile_hint(s, m, l, s64, scale) -> str | None:
     return None
 
 
+ONE_TILE = "one [BLOCK_M, BLOCK_N] tile of scores per program, sized by the launcher, with tl.dot"
+
+
 def _require_one_tile(learner) -> None:
     """Static look, before every launch: Triton code, a reachable tl.dot, tiles sized by the
-    launcher's constexprs, no loop (one program computes its one tile with tile operations)."""
+    launcher's constexprs, no loop (one program computes its one tile with tile operations);
+    the last three are the method (``PrerequisiteFailed``: the exercise scores 0, and its build
+    for the GPUs is not run)."""
     source = kernel_source(learner, "score_tile_kernel")
     if source is None:
         raise AssertionError("`score_tile_kernel` is not defined (run its cell first)")
@@ -562,16 +570,17 @@ def _require_one_tile(learner) -> None:
         raise AssertionError(problem)
     if not any(isinstance(c.func, ast.Attribute) and c.func.attr == "dot"
                for c in reachable_calls(source, "score_tile_kernel")):
-        raise AssertionError("compute the tile of scores with one tl.dot of the query tile and "
-                             "the transposed key tile, not with elementwise products and sums")
+        raise PrerequisiteFailed("compute the tile of scores with one tl.dot of the query tile and "
+                                 "the transposed key tile, not with elementwise products and sums",
+                                 rule=ONE_TILE)
     fixed = fixed_size_aranges(source, "score_tile_kernel")
     if fixed:
-        raise AssertionError(f"{fixed[0]}: size every tile by the launcher's BLOCK_M, BLOCK_N and "
-                             "HEAD_DIM, which the grader picks")
+        raise PrerequisiteFailed(f"{fixed[0]}: size every tile by the launcher's BLOCK_M, BLOCK_N "
+                                 "and HEAD_DIM, which the grader picks", rule=ONE_TILE)
     if key_loops(source, "score_tile_kernel"):
-        raise AssertionError("no loops in this kernel: each program computes its one "
-                             "[BLOCK_M, BLOCK_N] tile with tile operations (tl.dot, tl.max, "
-                             "tl.sum)")
+        raise PrerequisiteFailed("no loops in this kernel: each program computes its one "
+                                 "[BLOCK_M, BLOCK_N] tile with tile operations (tl.dot, tl.max, "
+                                 "tl.sum)", rule=ONE_TILE)
 
 
 @exercise("score_tile_kernel", points=2, timeout=60)
@@ -632,7 +641,7 @@ SCORE_TILE_BUILD_ADVICE = ("A program holds its query tile [BLOCK_M, HEAD_DIM] a
                            "cell is read as a tl.constexpr (NAME = tl.constexpr(-1e30)) or written in place")
 
 
-@exercise("score_tile_kernel", points=2, timeout=60)
+@exercise("score_tile_kernel", points=2, timeout=60, costly=True)
 def test_score_tile_kernel_compiles_for_a_real_gpu(learner, seed):
     """Built (not run) for a T4, an A100 and an H100 at the tests' launches and at a GPU-sized tile:
     it must compile and fit one of them; the report shows shared memory, registers and spills."""
@@ -681,10 +690,14 @@ def _kernel_hint(got, q, k, v, group, causal) -> str | None:
                     "exp(m_old - m_new) before adding the tile's terms")
 
 
+KEY_TILES = "a loop over whole key tiles sized by the launcher, tile products with tl.dot"
+
+
 def _require_tiles(learner) -> None:
     """Static look at the kernel, before every kernel test: tile products with tl.dot, tiles sized
     by the block constexprs, no loop inside a loop. A kernel that loads all of K in one fixed-size
-    tile, or loops over single elements, earns nothing even where its numbers are right."""
+    tile, or loops over single elements, earns nothing even where its numbers are right
+    (``PrerequisiteFailed``: its build for the GPUs is not run either)."""
     source = kernel_source(learner, "flash_attention_fwd_kernel")
     if source is None:
         raise AssertionError("`flash_attention_fwd_kernel` is not defined (run its cell first)")
@@ -700,23 +713,24 @@ def _require_tiles(learner) -> None:
     dots = [c for c in reachable_calls(source, "flash_attention_fwd_kernel")
             if isinstance(c.func, ast.Attribute) and c.func.attr == "dot"]
     if not dots:
-        raise AssertionError("compute the score tile and the P V product with tl.dot (tile x tile "
-                             "products on the tensor cores), not with elementwise loops or sums; "
-                             "a tl.dot counts only where it runs, not under a condition on "
-                             "constexprs that never holds")
+        raise PrerequisiteFailed("compute the score tile and the P V product with tl.dot (tile x "
+                                 "tile products on the tensor cores), not with elementwise loops "
+                                 "or sums; a tl.dot counts only where it runs, not under a "
+                                 "condition on constexprs that never holds", rule=KEY_TILES)
     allowed = {"BLOCK_M", "BLOCK_N", "HEAD_DIM"}
     for call in calls:
         if call.func.attr == "arange":
             sizes = {n.id for n in ast.walk(call.args[-1]) if isinstance(n, ast.Name)} if call.args else set()
             if not sizes or not sizes <= allowed:
-                raise AssertionError(f"line {call.lineno}: tl.arange must span BLOCK_M, BLOCK_N or "
-                                     "HEAD_DIM: a fixed-size tile holding all of K or Q works only "
-                                     "up to that size; loop over key tiles of BLOCK_N instead")
+                raise PrerequisiteFailed(
+                    f"line {call.lineno}: tl.arange must span BLOCK_M, BLOCK_N or HEAD_DIM: a "
+                    "fixed-size tile holding all of K or Q works only up to that size; loop over "
+                    "key tiles of BLOCK_N instead", rule=KEY_TILES)
     loops = loop_problem(source, "flash_attention_fwd_kernel", "BLOCK_N")
     if loops:
-        raise AssertionError(f"{loops}: loop over the key tiles, `for start_n in range(0, end, "
-                             "BLOCK_N)`, each step handling a whole [BLOCK_M, BLOCK_N] tile with "
-                             "tile operations")
+        raise PrerequisiteFailed(f"{loops}: loop over the key tiles, `for start_n in range(0, end, "
+                                 "BLOCK_N)`, each step handling a whole [BLOCK_M, BLOCK_N] tile "
+                                 "with tile operations", rule=KEY_TILES)
 
 
 def _require_flash_traffic(learner, q_buf, k_buf, n_q: int, n_k: int, group: int, causal: bool) -> None:
@@ -794,7 +808,7 @@ FLASH_BUILD_ADVICE = ("Shared memory holds what tl.dot reads: the Q tile [BLOCK_
                       "on a smaller GPU launch with BLOCK_N = 32")
 
 
-@exercise("flash_attention_fwd_kernel", points=4, timeout=60)
+@exercise("flash_attention_fwd_kernel", points=4, timeout=60, costly=True)
 def test_flash_kernel_compiles_for_a_real_gpu(learner, seed):
     """Built (not run) for a T4, an A100 and an H100 at the tests' launches and at a GPU-sized tile:
     it must compile and fit one of them; the report shows shared memory, registers and spills."""

@@ -508,7 +508,8 @@ SOFTMAX_BUILD_ADVICE = ("One program holds its whole row of BLOCK scores in regi
                         "Keep one row in flight: load it once, reduce it, store it")
 
 
-@exercise("softmax_kernel", points=4, forbid=SOFTMAX_FUNCTIONS, timeout=60)
+@exercise("softmax_kernel", points=4, forbid=SOFTMAX_FUNCTIONS, timeout=60,
+          costly=True)
 def test_softmax_kernel_compiles_for_a_real_gpu(learner, seed):
     """Built (not run) for a T4, an A100 and an H100 at the tests' blocks and at a GPU-sized row:
     it must compile and fit one of them; the report shows shared memory, registers and spills."""

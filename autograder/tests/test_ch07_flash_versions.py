@@ -603,7 +603,7 @@ DECODE_BUILD_ADVICE = ("A program holds one K and one V tile [BLOCK_N, HEAD_DIM]
                        "and one V tile per step, not the whole split")
 
 
-@exercise(KERNEL, points=4, timeout=120)
+@exercise(KERNEL, points=4, timeout=120, costly=True)
 def test_decode_kernel_compiles_for_a_real_gpu(learner, seed):
     """Built (not run) for a T4, an A100 and an H100 at the tests' tiles and at a GPU-sized one:
     it must compile and fit one of them; the report shows shared memory, registers and spills."""

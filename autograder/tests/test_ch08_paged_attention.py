@@ -569,7 +569,7 @@ PAGED_BUILD_ADVICE = ("A program holds one block's K and V [BLOCK_SIZE, HEAD_DIM
                       "at a time. Load one block of keys and values per step, through the block table")
 
 
-@exercise("paged_decode_kernel", points=5, timeout=120)
+@exercise("paged_decode_kernel", points=5, timeout=120, costly=True)
 def test_paged_kernel_compiles_for_a_real_gpu(learner, seed):
     """Built (not run) for a T4, an A100 and an H100 at the tests' blocks and at a GPU-sized one:
     it must compile and fit one of them; the report shows shared memory, registers and spills."""

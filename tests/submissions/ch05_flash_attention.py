@@ -206,7 +206,7 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 
 
 # %% grade_id: tiled_attention | cheat: the whole score matrix at once, normalised by hand, no tiles
-# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect: the whole [Nq, Nk] score matrix
 # expect: the whole score matrix is not allowed; work tile by tile
 # expect score: 0
 import math
@@ -227,7 +227,7 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 
 
 # %% grade_id: tiled_attention | cheat: the whole score matrix at once in float32, normalised in place by hand (half the memory)
-# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect: the whole [Nq, Nk] score matrix
 # expect score: 0
 import math
 
@@ -381,7 +381,7 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
     return _tiled(q, k, v, causal=causal, block_m=block_q, block_n=block_k)
 
 # %% grade_id: tiled_attention | cheat: key tiles, but each tile's scores written into one preallocated [Nq, Nk] matrix, normalised at the end
-# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect: the whole [Nq, Nk] score matrix
 # expect score: 0
 import math
 
@@ -403,7 +403,7 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 
 
 # %% grade_id: tiled_attention | cheat: key tiles kept in a list (each [Nq, block_k]), every row's max and sum taken over the list at the end
-# expect: Not allowed: the whole [Nq, Nk] score matrix
+# expect: the whole [Nq, Nk] score matrix
 # expect score: 0
 import math
 
