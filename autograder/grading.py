@@ -97,7 +97,8 @@ def run_tests(tests: Path, learner, seed: int) -> list[TestOutcome]:
         status = pytest.main(args, plugins=[collector])
     if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or not collector.outcomes:
         raise RuntimeError(f"the grader {tests} did not run ({status!r}):\n{log.getvalue()[-3000:]}")
-    return apply_gates(collector.outcomes)
+    outcomes = sorted(collector.outcomes, key=lambda o: collector.position.get(o.name, 0))
+    return apply_gates(outcomes)
 
 
 def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = None,

@@ -362,6 +362,39 @@ def test_a_costly_test_is_not_run_after_a_failed_prerequisite(tmp_path):
     assert outcomes["test_method_held"].score == 1
 
 
+def test_exercises_with_a_memory_limit_are_graded_last_and_reported_in_file_order(tmp_path):
+    """One worker per memory limit: the limited exercises run after the others (highest limit
+    first), and the report keeps the grader file's order."""
+    from autograder.grading import run_tests
+    from autograder.rules.plugin import REGISTRY
+
+    class Learner:
+        graded: list[str] = []
+
+        def begin(self, entry):
+            self.graded.append(entry.grade_id)
+
+    grader = tmp_path / "test_order_grader.py"
+    grader.write_text(
+        "from autograder.rules.plugin import exercise\n"
+        "@exercise('first_open', points=1)\n"
+        "def test_a(learner, seed): pass\n"
+        "@exercise('limited_low', points=1, memory_mb=1024)\n"
+        "def test_b(learner, seed): pass\n"
+        "@exercise('limited_high', points=1, memory_mb=2048)\n"
+        "def test_c(learner, seed): pass\n"
+        "@exercise('last_open', points=1)\n"
+        "def test_d(learner, seed): pass\n")
+    learner = Learner()
+    try:
+        outcomes = run_tests(grader, learner=learner, seed=0)
+    finally:
+        for gid in ("first_open", "limited_low", "limited_high", "last_open"):
+            REGISTRY.pop(gid, None)
+    assert learner.graded == ["first_open", "last_open", "limited_high", "limited_low"]
+    assert [o.name for o in outcomes] == ["test_a", "test_b", "test_c", "test_d"]
+
+
 def test_a_function_still_at_its_stub_fails_unrun_and_anything_else_runs():
     from autograder.boundary.sandbox import untouched_stub
     stub = 'def f(x):\n    """Doc."""\n    raise NotImplementedError("write f")\n'

@@ -145,6 +145,16 @@ def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _memory_last(item: pytest.Item) -> float:
+    """Sort key that runs the exercises with a memory limit of their own (``memory_mb``) after
+    the others, the highest limit first (a stable sort keeps every exercise's own order): each
+    limit then starts one worker, where grading in file order could start one for the limited
+    exercise and another after it. Outcomes are reported in file order (``Collector.position``)."""
+    mark = item.get_closest_marker("exercise")
+    entry = REGISTRY.get(mark.args[0]) if mark else None
+    return -entry.memory_mb if entry is not None and entry.memory_mb else float("-inf")
+
+
 class Collector:
     """pytest plugin: provides the ``learner`` and ``seed`` fixtures and collects
     ``outcomes`` (list of ``TestOutcome``) for tests carrying the ``exercise`` mark.
@@ -158,6 +168,7 @@ class Collector:
         self.seed = seed
         self.outcomes: list[TestOutcome] = []
         self._share: dict[str, float] = {}
+        self.position: dict[str, int] = {}   # test name -> its place in the grader file
         self._start = 0.0
 
     @pytest.fixture(name="learner")
@@ -182,6 +193,9 @@ class Collector:
             mark = item.get_closest_marker("exercise")
             if mark:
                 self._share[item.nodeid] = mark.kwargs.get("points", 1) / counts[mark.args[0]]
+        self.position = {item.name: i for i, item in enumerate(items)}
+        items.sort(key=_memory_last)
+
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
         self._start = time.monotonic()
