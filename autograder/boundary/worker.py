@@ -49,7 +49,7 @@ from autograder.boundary.compiling import serve
 from autograder.boundary.guard import (CallWork, ForbiddenOperationError, Guard, limits_paused,
                                        operation_limit)
 from autograder.boundary.launching import launch
-from autograder.boundary import audit, guard, traffic
+from autograder.boundary import audit, exits, guard, traffic
 from autograder.boundary.protocol import decode, encode, read_message, write_message
 from autograder.boundary.proxies import LearnerSide
 
@@ -307,6 +307,7 @@ def main(argv: list[str]) -> None:
     worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])
     hide_worker_module()
     audit.install(str(worker.cells))
+    exits.install()
     write_message(worker.out_fd, {"ready": True, "isolation": isolation})
     while True:
         try:
