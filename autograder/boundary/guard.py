@@ -146,10 +146,15 @@ class CallWork:
     a term, like a matmul. A product by a Python number (``s * scale``) is not counted.
 
     ``exp_elements``: elements exponentiated (exp, exp2, expm1, a power with a tensor exponent,
-    sigmoid, and the softmax-like operations, one per element of their input)."""
+    sigmoid, and the softmax-like operations, one per element of their input).
+
+    ``scalar_reads``: values read out of tensors one at a time as Python numbers (``float(t)``,
+    ``.item()``, ``int(t)``, ``bool(t)``: ``aten._local_scalar_dense``), whose arithmetic in
+    Python the counts above do not see."""
     matmul_flops: int = 0
     exp_elements: int = 0
     elementwise_flops: int = 0
+    scalar_reads: int = 0
 
     @property
     def product_flops(self) -> int:
@@ -167,7 +172,7 @@ class CallWork:
                       for key in WORK_FIELDS})
 
 
-WORK_FIELDS = ("matmul_flops", "exp_elements", "elementwise_flops")
+WORK_FIELDS = ("matmul_flops", "exp_elements", "elementwise_flops", "scalar_reads")
 
 
 def _distinct(t: torch.Tensor) -> int:
@@ -307,8 +312,9 @@ def _limit_mode():
             if verdict is None:
                 name = operation_name(func)
                 verdict = self.verdicts[func] = (name in self.allowed, _PRODUCT_FLOPS.get(name),
-                                                 _EXP_ELEMENTS.get(name), name in LIFTS)
-            allowed, flops, exps, lift = verdict
+                                                 _EXP_ELEMENTS.get(name), name in LIFTS,
+                                                 name == "aten._local_scalar_dense")
+            allowed, flops, exps, lift, read = verdict
             if _PAUSED[0]:
                 return func(*args, **(kwargs or {}))
             if not allowed:
@@ -326,6 +332,7 @@ def _limit_mode():
                 self.work.elementwise_flops += elementwise
             if exps is not None:
                 self.work.exp_elements += exps(args, out)
+            self.work.scalar_reads += read
             return out
 
     return OperationLimit

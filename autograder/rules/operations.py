@@ -131,11 +131,13 @@ def refusal_message(grade_id: str, names: list[str]) -> str:
 
 WORK_SLACK = 1.25   # a call may do this many times one pass's work (helpers, guards, padding)
 WORK_FLOOR = 0.75   # and must record at least this share of the work its visible scores take
+READ_SLACK = 16     # values a call may read one at a time besides those of its rows and tiles
 
 
 def require_one_pass(learner: Any, call: str, *, matmul_flops: int = 0,
                      elementwise_products: int = 0, exp_elements: int = 0, exp_rescales: int = 0,
-                     visible_scores: int = 0, head_dim: int = 0, why: str, rule: str) -> None:
+                     visible_scores: int = 0, head_dim: int = 0, reads: int | None = None,
+                     why: str, rule: str) -> None:
     """``PrerequisiteFailed`` where the learner's last call (``learner.last_call_work``) did
     more than ``WORK_SLACK`` times the work of one pass.
 
@@ -154,11 +156,15 @@ def require_one_pass(learner: Any, call: str, *, matmul_flops: int = 0,
     values) is not recorded, so a call must record at least ``WORK_FLOOR`` of what its
     ``visible_scores`` take however they are computed: one exponential each and, with
     ``head_dim``, the products of q kᵀ and p v (4 * head_dim FLOPs each, as the recorder counts
-    a matmul or a broadcast or elementwise product); below it, ``PrerequisiteFailed``."""
+    a matmul or a broadcast or elementwise product); below it, ``PrerequisiteFailed``. Nor may
+    it read more than ``reads`` (one per row and tile: a guard, a loop bound) plus
+    ``READ_SLACK`` values out of tensors one at a time (``float(t)``, ``.item()``): a pass over
+    the scores computed in Python on such values (a max pass beside one pass in torch) does
+    not show as missing work, but needs every q and k value."""
     work = getattr(learner, "last_call_work", None)
     if work is None:
         return
-    _require_floor(work, call, visible_scores, head_dim)
+    _require_torch_work(work, call, visible_scores, head_dim, reads)
     over, notes = [], []
     one_pass = matmul_flops + 2 * elementwise_products
     elementwise = getattr(work, "elementwise_flops", 0)
@@ -186,9 +192,10 @@ def require_one_pass(learner: Any, call: str, *, matmul_flops: int = 0,
                                  rule=rule)
 
 
-def _require_floor(work: Any, call: str, visible_scores: int, head_dim: int) -> None:
+def _require_torch_work(work: Any, call: str, visible_scores: int, head_dim: int,
+                        reads: int | None) -> None:
     """``PrerequisiteFailed`` where ``work`` is below ``WORK_FLOOR`` of what the visible scores
-    take (see ``require_one_pass``)."""
+    take, or read more values one at a time than ``reads`` allows (see ``require_one_pass``)."""
     products, least = work.matmul_flops + getattr(work, "elementwise_flops", 0), 4 * head_dim
     missing = [f"{products:,} FLOPs of products where q kᵀ and p v over them take "
                f"{least * visible_scores:,}"] if products < WORK_FLOOR * least * visible_scores else []
@@ -199,4 +206,12 @@ def _require_floor(work: Any, call: str, visible_scores: int, head_dim: int) -> 
             f"{call} has {visible_scores:,} visible scores, and torch recorded "
             f"{' and '.join(missing)}: the work was not done with torch operations the grader "
             f"can see. The exercise scores 0 until it is: {OUTSIDE_TORCH}",
+            rule="the work done with torch operations")
+    read = getattr(work, "scalar_reads", 0)
+    if reads is not None and read > reads + READ_SLACK:
+        raise PrerequisiteFailed(
+            f"{call} read {read:,} values out of tensors one at a time (float(t), .item(), "
+            f"int(t), bool(t)), where one per row and tile is plenty ({reads + READ_SLACK:,}): "
+            "arithmetic on them in Python is not work the grader can see. The exercise scores 0 "
+            f"until it works on tensors: {OUTSIDE_TORCH}",
             rule="the work done with torch operations")
