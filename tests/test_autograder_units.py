@@ -721,6 +721,25 @@ def test_the_work_floor_refuses_a_call_that_records_less_than_its_visible_scores
                          why="WHY", rule="R")
 
 
+def test_values_read_one_at_a_time_are_counted_and_bounded_where_one_pass_is_checked():
+    """float(t), .item(), int(t), bool(t) each count one read; a call may read one value per
+    row and tile (plus READ_SLACK), not the q and k values a max pass in Python needs."""
+    from autograder.boundary.guard import CallWork, operation_limit
+    from autograder.rules.feedback import PrerequisiteFailed
+    from autograder.rules.operations import BASIC, READ_SLACK, require_one_pass
+    x = torch.randn(5, 4)
+    with operation_limit(BASIC) as limit:
+        sum(float(value) for value in x.reshape(-1)) + x.amax().item() + int(bool(x[0, 0] > 0))
+    assert limit.work.scalar_reads == 20 + 1 + 1
+    rows, keys, dim, tiles = 8, 40, 16, 5
+    one_pass = dict(matmul_flops=4 * rows * keys * dim, exp_elements=rows * keys,
+                    visible_scores=rows * keys, head_dim=dim, reads=rows + tiles, why="W", rule="R")
+    work = (4 * rows * keys * dim, rows * keys, 0)
+    require_one_pass(_Worked(CallWork(*work, rows + tiles + READ_SLACK)), "call", **one_pass)
+    with pytest.raises(PrerequisiteFailed, match="values out of tensors one at a time"):
+        require_one_pass(_Worked(CallWork(*work, (rows + keys) * dim)), "call", **one_pass)
+
+
 def test_a_tensor_made_from_python_values_counts_as_an_allocation():
     """torch.tensor of a list (aten.lift_fresh, whose output shares its input's storage) is new
     memory: a copy of K made through Python numbers shows in ``largest``."""
