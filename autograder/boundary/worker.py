@@ -13,8 +13,9 @@ parent only relays the exit status, so that killing "the parent" cannot reach th
 rlimits; install the forbidden-function guard and the count of Triton kernels' loads and stores
 (``traffic``); forget ``reference``/``autograder`` and block
 importing them; import what learner code may import (``check_imports``: on failure the worker
-says why and exits with ``ENVIRONMENT_BROKEN``, and the grader refuses to grade). Then learner
-code runs.
+says why and exits with ``ENVIRONMENT_BROKEN``, and the grader refuses to grade); add the audit
+hook (``audit``) and wrap the doors through which tensor data leaves torch (``exits``). Then
+learner code runs.
 
 With ``compile`` in its configuration the worker is the compile worker instead: the same
 confinement, no TRITON_INTERPRET, and ``compiling.serve`` answers its requests (a kernel's source,
