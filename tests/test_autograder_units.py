@@ -307,7 +307,7 @@ def test_the_static_look_refuses_the_exits_of_tensor_data_from_torch():
                          ("s = x.untyped_storage()", "untyped_storage"), ("import numpy as np", "numpy"),
                          ("from torch.utils.dlpack import to_dlpack", "to_dlpack"),
                          ("import scipy.special", "scipy.special"), ("import struct", "struct"),
-                         ("from array import array", "array")):
+                         ("from array import array", "array"), ("torch.save(x, path)", "save")):
         assert word in detours_in_source(source, "f"), source
     message = detour_message("f", ["numpy", "getattr"])
     assert "a way of taking tensor data out of torch" in message and "use torch operations" in message

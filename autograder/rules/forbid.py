@@ -79,7 +79,7 @@ DETOUR_ATTRIBUTES = frozenset({"sys", "builtins", "importlib", "inspect", "ctype
 # ``.item()``, ``float(t)``, ``int(t)`` stay: the recorder sees each as an operation, and the
 # floor of ``operations.require_one_pass`` sees the work done on such values as missing.
 EXIT_NAMES = frozenset({"numpy", "tolist", "from_numpy", "from_dlpack", "to_dlpack", "frombuffer",
-                        "untyped_storage", "storage", "data_ptr", "dlpack", "fork",
+                        "untyped_storage", "storage", "data_ptr", "dlpack", "save", "fork",
                         "multiprocessing"})
 # Libraries that compute on arrays outside torch or read raw memory: refused when imported.
 EXIT_MODULES = frozenset({"numpy", "scipy", "jax", "jaxlib", "cupy", "numba", "pandas", "sklearn",
