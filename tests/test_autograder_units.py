@@ -316,18 +316,21 @@ def test_the_static_look_refuses_the_exits_of_tensor_data_from_torch():
 
 def test_the_exits_wall_refuses_numpy_and_dlpack_only_to_learner_code_under_a_limit(tmp_path):
     """In a process of its own (the doors stay wrapped): a cell handing a tensor to numpy
-    (np.asarray, a numpy function, np.from_dlpack) under an operation limit is refused, and the
-    refusal is kept in the limit even when the cell catches it; library code doing the same
-    for itself, and the cell outside a limit, are not (tests/fixtures/exits_probe.py)."""
+    (np.asarray, a numpy function, np.from_dlpack, x.numpy()) or to Python lists (x.tolist())
+    under an operation limit is refused, and the refusal is kept in the limit even when the cell
+    catches it; printing a tensor, library code doing the same for itself, and the cell outside
+    a limit are not (tests/fixtures/exits_probe.py)."""
     run = subprocess.run([sys.executable, str(ROOT / "tests/fixtures/exits_probe.py"),
                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
     verdicts, recorded = ast.literal_eval(run.stdout.strip().splitlines()[-1])
     assert verdicts == {"asarray": "refused", "repeat": "refused", "from_dlpack": "refused",
-                        "caught": "allowed", "library": "allowed", "no limit": "allowed"}
+                        "numpy": "refused", "tolist": "refused", "caught": "allowed",
+                        "printed": "allowed", "library": "allowed", "no limit": "allowed"}
     assert recorded == {"asarray": ["torch.Tensor.__array__"], "repeat": ["torch.Tensor.__array__"],
-                        "from_dlpack": ["torch.Tensor.__dlpack__"],
-                        "caught": ["torch.Tensor.__array__"], "library": []}
+                        "from_dlpack": ["torch.Tensor.__dlpack__"], "numpy": ["torch.Tensor.numpy"],
+                        "tolist": ["torch.Tensor.tolist"], "caught": ["torch.Tensor.__array__"],
+                        "printed": [], "library": []}
 
 
 def test_a_failed_prerequisite_scores_its_whole_exercise_zero(capsys):

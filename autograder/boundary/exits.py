@@ -6,7 +6,10 @@ sees: a second pass over the scores, a copy of K per query head, a cache rebuilt
 append. The static look (``autograder.rules.forbid``) refuses the names of these exits in a
 graded cell; this wall refuses the doors that need no name in it: ``np.asarray(t)`` (or any
 numpy function given a tensor) calls ``Tensor.__array__``, ``np.from_dlpack(t)`` calls
-``Tensor.__dlpack__``, from whatever cell bound ``np``. (``Tensor.__array_wrap__`` only brings
+``Tensor.__dlpack__``, from whatever cell bound ``np``; and ``t.numpy()``, ``t.tolist()`` called
+by a helper from a cell the static look does not read (another exercise's). The last two are C
+methods of ``torch._C.TensorBase``, shadowed by wrappers on its Python subclass ``torch.Tensor``
+(reached through ``TensorBase`` itself, they are not). (``Tensor.__array_wrap__`` only brings
 numpy's result back after ``__array__`` let the data out.) Each is wrapped once, before any
 cell runs; while an operation limit is in force and learner code is near the call
 (``audit.asked_by_learner``), the door raises ``ExitRefused`` and the refusal is kept in the
@@ -20,7 +23,9 @@ import torch
 from autograder.boundary import audit, guard
 
 DOORS = {"__array__": "numpy reading a tensor (np.asarray, np.array, a numpy function given one)",
-         "__dlpack__": "a tensor's memory handed over through DLPack (from_dlpack)"}
+         "__dlpack__": "a tensor's memory handed over through DLPack (from_dlpack)",
+         "numpy": "a tensor's memory as a numpy array (x.numpy())",
+         "tolist": "a tensor's values as Python lists (x.tolist())"}
 
 
 class ExitRefused(RuntimeError):
