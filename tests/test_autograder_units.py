@@ -316,8 +316,9 @@ def test_the_static_look_refuses_the_exits_of_tensor_data_from_torch():
 
 def test_the_exits_wall_refuses_numpy_and_dlpack_only_to_learner_code_under_a_limit(tmp_path):
     """In a process of its own (the doors stay wrapped): a cell handing a tensor to numpy
-    (np.asarray, a numpy function, np.from_dlpack, x.numpy()) or to Python lists (x.tolist())
-    under an operation limit is refused, and the refusal is kept in the limit even when the cell
+    (np.asarray, a numpy function, np.from_dlpack, x.numpy()) or to Python lists (x.tolist()),
+    or making a tensor over memory from outside torch (torch.frombuffer), under an operation
+    limit is refused, and the refusal is kept in the limit even when the cell
     catches it; printing a tensor, library code doing the same for itself, and the cell outside
     a limit are not (tests/fixtures/exits_probe.py)."""
     run = subprocess.run([sys.executable, str(ROOT / "tests/fixtures/exits_probe.py"),
@@ -325,11 +326,13 @@ def test_the_exits_wall_refuses_numpy_and_dlpack_only_to_learner_code_under_a_li
     assert run.returncode == 0, run.stderr[-2000:]
     verdicts, recorded = ast.literal_eval(run.stdout.strip().splitlines()[-1])
     assert verdicts == {"asarray": "refused", "repeat": "refused", "from_dlpack": "refused",
-                        "numpy": "refused", "tolist": "refused", "caught": "allowed",
+                        "numpy": "refused", "tolist": "refused", "frombuffer": "refused",
+                        "caught": "allowed",
                         "printed": "allowed", "library": "allowed", "no limit": "allowed"}
     assert recorded == {"asarray": ["torch.Tensor.__array__"], "repeat": ["torch.Tensor.__array__"],
                         "from_dlpack": ["torch.Tensor.__dlpack__"], "numpy": ["torch.Tensor.numpy"],
-                        "tolist": ["torch.Tensor.tolist"], "caught": ["torch.Tensor.__array__"],
+                        "tolist": ["torch.Tensor.tolist"], "frombuffer": ["torch.frombuffer"],
+                        "caught": ["torch.Tensor.__array__"],
                         "printed": [], "library": []}
 
 

@@ -368,7 +368,7 @@ def online_softmax_update(m, l, tile_scores):
 
 
 # %% grade_id: online_softmax | cheat: each state recomputed from scratch over every column read so far, in numpy through the `np` another cell imported (nothing named here); the probabilities in torch, so torch records one pass
-# expect: took tensor data out of torch
+# expect: worked outside torch's operations: numpy reading a tensor
 # expect score: 0
 def online_softmax(scores, tile):
     if tile < 1:
