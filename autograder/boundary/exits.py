@@ -1,23 +1,26 @@
 """Learner side: the run-time wall at the doors through which tensor data leaves torch.
 
 The operation recorder (``guard.operation_limit``) sees what torch's dispatcher runs. Data taken
-out of a tensor and computed on elsewhere (numpy, a DLPack consumer) is work and memory it never
-sees: a second pass over the scores, a copy of K per query head, a cache rebuilt at every
-append. The static look (``autograder.rules.forbid``) refuses the names of these exits in a
-graded cell; this wall refuses the doors that need no name in it: ``np.asarray(t)`` (or any
-numpy function given a tensor) calls ``Tensor.__array__``, ``np.from_dlpack(t)`` calls
-``Tensor.__dlpack__``, from whatever cell bound ``np``; and ``t.numpy()``, ``t.tolist()`` called
-by a helper from a cell the static look does not read (another exercise's). The last two are C
-methods of ``torch._C.TensorBase``, shadowed by wrappers on its Python subclass ``torch.Tensor``
-(reached through ``TensorBase`` itself, they are not). Two doors lead back in without an
-operation: ``torch.frombuffer`` (a tensor over a ``bytearray``: memory no operation allocates,
-a copy the recorder cannot see) and ``torch.from_dlpack``; ``torch.from_numpy`` and
-``torch.tensor`` are ``aten.lift_fresh``, counted as allocations by ``guard``.
-(``Tensor.__array_wrap__`` only brings numpy's result back after ``__array__`` let the data
-out.) Each door is wrapped once, before any cell runs; while an operation limit is in force and learner code is near the call
-(``audit.asked_by_learner``), the door raises ``ExitRefused`` and the refusal is kept in the
-limit's ``refused``, so that catching the error does not hide it: the exercise scores 0. Library
-code using a door for itself, away from learner frames, is left alone.
+out of a tensor and computed on elsewhere is work and memory it never sees: a second pass over
+the scores in numpy, a copy of K per query head, a cache rebuilt at every append. The static
+look (``autograder.rules.forbid``) refuses the names of these exits in a graded cell; this wall
+shuts the doors themselves, whatever cell the code came from:
+
+- ``Tensor.__array__`` (``np.asarray(t)``, any numpy function given a tensor, through an ``np``
+  another cell imported) and ``Tensor.__dlpack__`` (``np.from_dlpack(t)``);
+- ``Tensor.numpy`` and ``Tensor.tolist``, C methods of ``torch._C.TensorBase`` shadowed on its
+  Python subclass ``torch.Tensor`` (a helper in another exercise's cell, which the static look
+  does not read, calling ``t.numpy()``; through ``TensorBase`` itself they are not reached);
+- the doors back in without an operation: ``torch.frombuffer`` (a tensor over a ``bytearray``,
+  memory no operation allocates) and ``torch.from_dlpack``. (``torch.from_numpy`` and
+  ``torch.tensor`` run ``aten.lift_fresh``, which ``guard`` counts as an allocation;
+  ``Tensor.__array_wrap__`` only brings back what ``__array__`` let out.)
+
+Each door is wrapped once, before any cell runs. While an operation limit is in force and
+learner code is near the call (``audit.asked_by_learner``), a door raises ``ExitRefused`` and
+the refusal is kept in the limit's ``refused``, so that catching the error does not hide it:
+the exercise scores 0. Library code using a door for itself, away from learner frames (torch
+printing a tensor), is left alone.
 """
 from __future__ import annotations
 
@@ -36,7 +39,7 @@ DOORS = {  # where -> what goes through it
 
 
 class ExitRefused(RuntimeError):
-    """Learner code handed tensor data out of torch while its work was being recorded."""
+    """Learner code went through a door out of torch (or back in) while its work was recorded."""
 
 
 def _door(where: str, original):
