@@ -15,8 +15,8 @@ from import_graphs import modules_on_cycles
 
 ROOT = Path(autograder.__file__).resolve().parent
 # The worker side of autograder/boundary/ and the wire both sides share (boundary/__init__.py).
-WORKER_SIDE = {"worker", "confine", "guard", "proxies", "launching", "traffic", "audit", "causes",
-               "compiling", "protocol", "refs"}
+WORKER_SIDE = {"worker", "confine", "guard", "proxies", "launching", "traffic", "audit", "exits",
+               "causes", "compiling", "protocol", "refs"}
 THIRD_PARTY = {"torch", "numpy", "triton"}   # what the worker side may import besides stdlib
 FRONT_ENDS = {"cli", "grading", "report", "local", "notebook", "source_notebook",
               "gradescope_zip", "bench"}

@@ -294,6 +294,48 @@ def test_the_audit_wall_refuses_introspection_only_to_learner_code(tmp_path):
                         "namedtuple": "allowed", "library": "allowed", "outside": "allowed"}
 
 
+def test_the_static_look_refuses_the_exits_of_tensor_data_from_torch():
+    """numpy, .tolist(), raw storage and DLPack as attribute or imported names, and the array
+    libraries imported, are refused with a message of their own; .item(), float(t) and a
+    variable called storage are not."""
+    from autograder.rules.forbid import detour_message, detours_in_source
+    honest = ("def f(x):\n    storage = x.clone()\n    n = int(x.shape[0])\n"
+              "    return storage * x.amax().item() + float(x[0])")
+    assert detours_in_source(honest, "f") == []
+    for source, word in (("a = x.numpy()", "numpy"), ("a = x.tolist()", "tolist"),
+                         ("a = torch.from_numpy(b)", "from_numpy"), ("p = x.data_ptr()", "data_ptr"),
+                         ("s = x.untyped_storage()", "untyped_storage"), ("import numpy as np", "numpy"),
+                         ("from torch.utils.dlpack import to_dlpack", "to_dlpack"),
+                         ("import scipy.special", "scipy.special"), ("import struct", "struct"),
+                         ("from array import array", "array"), ("torch.save(x, path)", "save")):
+        assert word in detours_in_source(source, "f"), source
+    message = detour_message("f", ["numpy", "getattr"])
+    assert "a way of taking tensor data out of torch" in message and "use torch operations" in message
+    assert "computed names" in message
+
+
+def test_the_exits_wall_refuses_numpy_and_dlpack_only_to_learner_code_under_a_limit(tmp_path):
+    """In a process of its own (the doors stay wrapped): a cell handing a tensor to numpy
+    (np.asarray, a numpy function, np.from_dlpack, x.numpy()) or to Python lists (x.tolist()),
+    or making a tensor over memory from outside torch (torch.frombuffer), under an operation
+    limit is refused, and the refusal is kept in the limit even when the cell
+    catches it; printing a tensor, library code doing the same for itself, and the cell outside
+    a limit are not (tests/fixtures/exits_probe.py)."""
+    run = subprocess.run([sys.executable, str(ROOT / "tests/fixtures/exits_probe.py"),
+                          str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    verdicts, recorded = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    assert verdicts == {"asarray": "refused", "repeat": "refused", "from_dlpack": "refused",
+                        "numpy": "refused", "tolist": "refused", "frombuffer": "refused",
+                        "caught": "allowed",
+                        "printed": "allowed", "library": "allowed", "no limit": "allowed"}
+    assert recorded == {"asarray": ["torch.Tensor.__array__"], "repeat": ["torch.Tensor.__array__"],
+                        "from_dlpack": ["torch.Tensor.__dlpack__"], "numpy": ["torch.Tensor.numpy"],
+                        "tolist": ["torch.Tensor.tolist"], "frombuffer": ["torch.frombuffer"],
+                        "caught": ["torch.Tensor.__array__"],
+                        "printed": [], "library": []}
+
+
 def test_a_failed_prerequisite_scores_its_whole_exercise_zero(capsys):
     from autograder.rules.feedback import PrerequisiteFailed
     from autograder.local import check
@@ -740,6 +782,63 @@ class _Worked:
 
     def __init__(self, work):
         self.last_call_work = work
+
+
+def test_the_work_floor_refuses_a_call_that_records_less_than_its_visible_scores_take():
+    """Work done outside torch is missing from the record: below ``WORK_FLOOR`` of the products
+    (q kᵀ and p v, however written) and exponentials of the visible scores, the call fails;
+    one honest pass, a causal one that skips masked tiles, and products written elementwise
+    pass."""
+    from autograder.boundary.guard import CallWork
+    from autograder.rules.feedback import PrerequisiteFailed
+    from autograder.rules.operations import require_one_pass
+    rows, keys, dim = 8, 40, 16
+    visible = rows * keys // 2                              # causal: half the pairs seen
+    check = dict(matmul_flops=4 * rows * keys * dim, exp_elements=rows * keys, why="WHY", rule="R")
+    for honest in (CallWork(4 * rows * keys * dim, rows * keys, 0),     # every tile
+                   CallWork(4 * visible * dim + 2 * rows * dim, visible, 0),   # masked tiles skipped
+                   CallWork(0, visible, 4 * visible * dim)):              # elementwise products
+        require_one_pass(_Worked(honest), "call", visible_scores=visible, head_dim=dim, **check)
+    for outside in (CallWork(0, 0, 0), CallWork(4 * visible * dim, 0, 0), CallWork(0, visible, 0)):
+        with pytest.raises(PrerequisiteFailed, match="not done with torch operations the grader "
+                                                     "can see") as failed:
+            require_one_pass(_Worked(outside), "call", visible_scores=visible, head_dim=dim, **check)
+        assert failed.value.rule == "the work done with torch operations"
+    require_one_pass(_Worked(CallWork(0, 30, 0)), "call", exp_elements=40, visible_scores=30,
+                     why="WHY", rule="R")                   # exponentials only (chapter 06)
+    with pytest.raises(PrerequisiteFailed, match="0 exponentials"):
+        require_one_pass(_Worked(CallWork(0, 0, 0)), "call", exp_elements=40, visible_scores=30,
+                         why="WHY", rule="R")
+
+
+def test_values_read_one_at_a_time_are_counted_and_bounded_where_one_pass_is_checked():
+    """float(t), .item(), int(t), bool(t) each count one read; a call may read one value per
+    row and tile (plus READ_SLACK), not the q and k values a max pass in Python needs."""
+    from autograder.boundary.guard import CallWork, operation_limit
+    from autograder.rules.feedback import PrerequisiteFailed
+    from autograder.rules.operations import BASIC, READ_SLACK, require_one_pass
+    x = torch.randn(5, 4)
+    with operation_limit(BASIC) as limit:
+        sum(float(value) for value in x.reshape(-1)) + x.amax().item() + int(bool(x[0, 0] > 0))
+    assert limit.work.scalar_reads == 20 + 1 + 1
+    rows, keys, dim, tiles = 8, 40, 16, 5
+    one_pass = dict(matmul_flops=4 * rows * keys * dim, exp_elements=rows * keys,
+                    visible_scores=rows * keys, head_dim=dim, reads=rows + tiles, why="W", rule="R")
+    work = (4 * rows * keys * dim, rows * keys, 0)
+    require_one_pass(_Worked(CallWork(*work, rows + tiles + READ_SLACK)), "call", **one_pass)
+    with pytest.raises(PrerequisiteFailed, match="values out of tensors one at a time"):
+        require_one_pass(_Worked(CallWork(*work, (rows + keys) * dim)), "call", **one_pass)
+
+
+def test_a_tensor_made_from_python_values_counts_as_an_allocation():
+    """torch.tensor of a list (aten.lift_fresh, whose output shares its input's storage) is new
+    memory: a copy of K made through Python numbers shows in ``largest``."""
+    from autograder.boundary.guard import operation_limit
+    from autograder.rules.operations import BASIC
+    k = torch.randn(30, 40)
+    with operation_limit(BASIC) as limit:
+        copy = torch.tensor([[float(x) for x in row] for row in k])
+    assert torch.equal(copy, k) and limit.largest == 30 * 40 * 4
 
 
 def test_one_pass_allows_its_rescales_and_refuses_a_pass_of_copied_factors():

@@ -14,6 +14,9 @@ triton and the other modules of this side or of the wire, never ``reference``, n
                  as ``LaunchTraffic``)
 - ``audit``      the audit hook that keeps gc, frames, ctypes and pickled classes from learner
                  code (the run-time wall around what the worker records)
+- ``exits``      the doors through which tensor data leaves torch (``np.asarray(t)``:
+                 ``Tensor.__array__``; ``__dlpack__``, ``numpy``, ``tolist``), shut to learner
+                 code under a limit
 - ``causes``     a learner exception as the one-line cause a failed test shows
 - ``compiling``  a kernel built for a T4, an A100 and an H100 without a GPU (the compile worker's
                  loop; ``reference/kernels/targets.py`` reads the targets and the build from it)

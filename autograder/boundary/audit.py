@@ -110,9 +110,16 @@ def _hook(event: str, args: tuple) -> None:
         _refuse(event, what)
 
 
+def asked_by_learner() -> bool:
+    """Whether the function that calls this was called by learner code during a learner call
+    (a cell's frame among the ``NEAR`` frames above it; the worker's own code inside a call,
+    ``guard.limits_paused``, is not learner code)."""
+    return bool(_LEARNER[0]) and not guard._PAUSED[0] and not _BUSY[0] and _learner_asks(2)
+
+
 def _refusing(name: str, original):
     def wrapper(*args, **kwargs):
-        if _LEARNER[0] and not guard._PAUSED[0] and _learner_asks(1):
+        if asked_by_learner():
             _refuse(f"ctypes.{name}", "raw memory through ctypes")
         return original(*args, **kwargs)
     return wrapper

@@ -146,10 +146,15 @@ class CallWork:
     a term, like a matmul. A product by a Python number (``s * scale``) is not counted.
 
     ``exp_elements``: elements exponentiated (exp, exp2, expm1, a power with a tensor exponent,
-    sigmoid, and the softmax-like operations, one per element of their input)."""
+    sigmoid, and the softmax-like operations, one per element of their input).
+
+    ``scalar_reads``: values read out of tensors one at a time as Python numbers (``float(t)``,
+    ``.item()``, ``int(t)``, ``bool(t)``: ``aten._local_scalar_dense``), whose arithmetic in
+    Python the counts above do not see."""
     matmul_flops: int = 0
     exp_elements: int = 0
     elementwise_flops: int = 0
+    scalar_reads: int = 0
 
     @property
     def product_flops(self) -> int:
@@ -167,7 +172,7 @@ class CallWork:
                       for key in WORK_FIELDS})
 
 
-WORK_FIELDS = ("matmul_flops", "exp_elements", "elementwise_flops")
+WORK_FIELDS = ("matmul_flops", "exp_elements", "elementwise_flops", "scalar_reads")
 
 
 def _distinct(t: torch.Tensor) -> int:
@@ -258,6 +263,17 @@ _EXP_ELEMENTS = {
 }
 
 
+# operations that turn a tensor made outside the dispatcher (torch.tensor of a Python list, of
+# float(x) values) into one it sees: their output shares its input's storage, yet is new memory
+LIFTS = frozenset({"aten.lift_fresh", "aten.lift_fresh_copy"})
+_ACTIVE: list = []   # the operation limits entered and not yet left, innermost last
+
+
+def active_limit():
+    """The innermost operation limit in force (``None`` outside every limit)."""
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
 @functools.lru_cache(maxsize=1)
 def _limit_mode():
     """The dispatch mode class, built on first use (the import reaches torch internals)."""
@@ -269,9 +285,11 @@ def _limit_mode():
         cell could use. The first one outside raises ``ForbiddenOperationError`` and is kept in
         ``refused``, so that catching the error does not hide it. ``largest`` is the size in
         bytes of the largest tensor any allowed operation allocated (views of an input do not
-        count): a grader checks "bounded memory" with it on every test size. ``work`` adds up
-        the call's matmul FLOPs, elementwise products and elements exponentiated
-        (``CallWork``): a grader checks "one pass" with it."""
+        count; a tensor made from Python values, ``torch.tensor(list)``, does): a grader checks
+        "bounded memory" with it on every test size. ``work`` adds up the call's matmul FLOPs,
+        elementwise products and elements exponentiated (``CallWork``): a grader checks "one
+        pass" with it. The run-time wall at a tensor's exits (``boundary.exits``) records its
+        refusals in the ``refused`` of ``active_limit()``."""
 
         def __init__(self, allowed: Iterable[str]):
             super().__init__()
@@ -281,13 +299,22 @@ def _limit_mode():
             self.largest = 0            # bytes of the largest tensor an operation allocated
             self.work = CallWork()
 
+        def __enter__(self):
+            _ACTIVE.append(self)
+            return super().__enter__()
+
+        def __exit__(self, *exc_info):
+            _ACTIVE.remove(self)
+            return super().__exit__(*exc_info)
+
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             verdict = self.verdicts.get(func)
             if verdict is None:
                 name = operation_name(func)
                 verdict = self.verdicts[func] = (name in self.allowed, _PRODUCT_FLOPS.get(name),
-                                                 _EXP_ELEMENTS.get(name))
-            allowed, flops, exps = verdict
+                                                 _EXP_ELEMENTS.get(name), name in LIFTS,
+                                                 name == "aten._local_scalar_dense")
+            allowed, flops, exps, lift, read = verdict
             if _PAUSED[0]:
                 return func(*args, **(kwargs or {}))
             if not allowed:
@@ -296,13 +323,16 @@ def _limit_mode():
                     self.refused.append(name)
                 raise ForbiddenOperationError([name])
             out = func(*args, **(kwargs or {}))
-            self.largest = max(self.largest, _allocated(out, args, kwargs, self.largest))
+            made = out.untyped_storage().nbytes() if lift else \
+                _allocated(out, args, kwargs, self.largest)
+            self.largest = max(self.largest, made)
             if flops is not None:
                 matmul, elementwise = flops(args, kwargs or {}, out)
                 self.work.matmul_flops += matmul
                 self.work.elementwise_flops += elementwise
             if exps is not None:
                 self.work.exp_elements += exps(args, out)
+            self.work.scalar_reads += read
             return out
 
     return OperationLimit

@@ -13,8 +13,9 @@ parent only relays the exit status, so that killing "the parent" cannot reach th
 rlimits; install the forbidden-function guard and the count of Triton kernels' loads and stores
 (``traffic``); forget ``reference``/``autograder`` and block
 importing them; import what learner code may import (``check_imports``: on failure the worker
-says why and exits with ``ENVIRONMENT_BROKEN``, and the grader refuses to grade). Then learner
-code runs.
+says why and exits with ``ENVIRONMENT_BROKEN``, and the grader refuses to grade); add the audit
+hook (``audit``) and wrap the doors through which tensor data leaves torch (``exits``). Then
+learner code runs.
 
 With ``compile`` in its configuration the worker is the compile worker instead: the same
 confinement, no TRITON_INTERPRET, and ``compiling.serve`` answers its requests (a kernel's source,
@@ -49,7 +50,7 @@ from autograder.boundary.compiling import serve
 from autograder.boundary.guard import (CallWork, ForbiddenOperationError, Guard, limits_paused,
                                        operation_limit)
 from autograder.boundary.launching import launch
-from autograder.boundary import audit, guard, traffic
+from autograder.boundary import audit, exits, guard, traffic
 from autograder.boundary.protocol import decode, encode, read_message, write_message
 from autograder.boundary.proxies import LearnerSide
 
@@ -307,6 +308,7 @@ def main(argv: list[str]) -> None:
     worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])
     hide_worker_module()
     audit.install(str(worker.cells))
+    exits.install()
     write_message(worker.out_fd, {"ready": True, "isolation": isolation})
     while True:
         try:

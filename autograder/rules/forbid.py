@@ -72,6 +72,24 @@ DETOUR_MODULES = frozenset({"sys", "builtins", "importlib", "inspect", "ctypes",
                             "threading", "_thread", "weakref"})
 DETOUR_ATTRIBUTES = frozenset({"sys", "builtins", "importlib", "inspect", "ctypes", "gc",
                                "pkgutil", "pydoc", "pickle", "marshal", "traceback", "runpy"})
+# The exits of tensor data from torch, where the operation recorder no longer sees the work or
+# the memory (a second pass computed in numpy, K copied per head through a list), the doors back
+# in, and work moved to another thread or process (the recorder is per thread): refused as
+# attribute or imported names (a variable may be called ``storage``).
+# ``.item()``, ``float(t)``, ``int(t)`` stay: the recorder sees each as an operation, and the
+# floor of ``operations.require_one_pass`` sees the work done on such values as missing.
+EXIT_NAMES = frozenset({"numpy", "tolist", "from_numpy", "from_dlpack", "to_dlpack", "frombuffer",
+                        "untyped_storage", "storage", "data_ptr", "dlpack", "save", "fork",
+                        "multiprocessing"})
+# Libraries that compute on arrays outside torch or read raw memory: refused when imported.
+EXIT_MODULES = frozenset({"numpy", "scipy", "jax", "jaxlib", "cupy", "numba", "pandas", "sklearn",
+                          "numexpr", "tensorflow", "mlx", "dask", "xarray", "polars", "pyarrow",
+                          "array", "struct", "mmap", "io", "tempfile", "shelve", "sqlite3",
+                          "multiprocessing", "concurrent", "subprocess"})
+OUTSIDE_TORCH = ("the grader counts your code's work and memory at torch's operations, so "
+                 "computing outside them (numpy or another array library, Python lists of a "
+                 "tensor's values, its raw storage, another thread or process) is not counted: "
+                 "use torch operations")
 ALLOWED_DUNDERS = frozenset({"__init__", "__name__", "__len__", "__call__", "__getitem__",
                              "__setitem__", "__iter__", "__post_init__", "__repr__"})
 
@@ -82,10 +100,11 @@ def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
     ``torch._C``, ``torch._softmax``: any attribute or imported name with a leading underscore
     but ``__init__`` and a few such), attribute or module look-ups by computed names
     (``getattr``, ``vars``, ``eval``, ``sys.modules``, ``importlib``), ``__dict__``,
-    ``__wrapped__``, ``__import__``. In a kernel cell (``grade_id`` is a ``@triton.jit``
-    function) the jit bodies are left to ``autograder.rules.kernel_rules``, checked at launch over the
-    whole cell. An unparsable cell gives []
-    (it fails to load anyway)."""
+    ``__wrapped__``, ``__import__``; and the exits of tensor data from torch (``EXIT_NAMES``,
+    ``EXIT_MODULES``: numpy, ``.tolist()``, raw storage). In a kernel cell (``grade_id`` is a
+    ``@triton.jit`` function) the jit bodies are left to ``autograder.rules.kernel_rules``,
+    checked at launch over the whole cell. An unparsable cell gives [] (it fails to load
+    anyway)."""
     try:
         tree = ast.parse(source)
     except (SyntaxError, ValueError):
@@ -103,7 +122,7 @@ def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             modules = [a.name for a in node.names] if isinstance(node, ast.Import) \
                 else [node.module or ""]
-            found.update(m for m in modules if m.split(".")[0] in DETOUR_MODULES)
+            found.update(m for m in modules if m.split(".")[0] in DETOUR_MODULES | EXIT_MODULES)
             words = [part for m in modules for part in m.split(".")[1:]]
             words += [a.name for a in node.names] if isinstance(node, ast.ImportFrom) else []
             private_ok = not any(m.split(".")[0] == "torch" for m in modules)
@@ -112,7 +131,9 @@ def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
                 and word not in own
             if isinstance(node, ast.Attribute) and word in METHOD_NAMES:
                 continue    # model.eval(), not Python's eval
-            if word in DETOURS or private or (word.startswith("__") and word not in ALLOWED_DUNDERS):
+            exit_name = word in EXIT_NAMES and not isinstance(node, ast.Name)
+            if word in DETOURS or exit_name or private or \
+                    (word.startswith("__") and word not in ALLOWED_DUNDERS):
                 found.add(word)
             elif isinstance(node, ast.Attribute) and word in DETOUR_ATTRIBUTES:
                 found.add(word)
@@ -177,9 +198,30 @@ def _outside_kernels(tree: ast.AST):
         stack.extend(ast.iter_child_nodes(node))
 
 
+def _is_exit(name: str) -> bool:
+    return name in EXIT_NAMES or name.split(".")[0] in EXIT_MODULES
+
+
 def detour_message(grade_id: str, names: list[str], forbidden: Iterable[str] = ()) -> str:
     """The report line for a cell that reaches around the forbidden names (or, in an exercise
-    that forbids nothing, around what the grader records in the learner's process)."""
+    that forbids nothing, around what the grader records in the learner's process), or takes
+    tensor data out of torch."""
+    exits = [n for n in names if _is_exit(n)]
+    lines = [_exit_message(grade_id, exits)] if exits else []
+    names = [n for n in names if not _is_exit(n)]
+    if names:
+        lines.append(_around_message(grade_id, names, forbidden))
+    return "\n".join(lines)
+
+
+def _exit_message(grade_id: str, names: list[str]) -> str:
+    """The report line for a cell that names exits of tensor data from torch."""
+    listed = ", ".join(f"`{n}`" for n in names)
+    return (f"your `{grade_id}` cell uses {listed}, a way of taking tensor data out of torch: "
+            f"{OUTSIDE_TORCH}")
+
+
+def _around_message(grade_id: str, names: list[str], forbidden: Iterable[str]) -> str:
     listed = ", ".join(f"`{n}`" for n in names)
     which = ", ".join(f"`{n}`" for n in forbidden)
     why = (f"it forbids {which}" if which else "the grader records what your code does (the "

@@ -19,7 +19,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from autograder.boundary.exits import DOORS
 from autograder.rules.feedback import PrerequisiteFailed
+from autograder.rules.forbid import OUTSIDE_TORCH
 
 _VIEWS = """view _unsafe_view reshape _reshape_alias expand expand_as view_as transpose t permute
     unsqueeze squeeze select slice narrow split split_with_sizes unbind chunk alias as_strided
@@ -105,12 +107,22 @@ def allowed_operations(exercise: Any) -> frozenset[str] | None:
     return (BASIC | EXTRA.get(grade_id, frozenset())) - WITHOUT.get(grade_id, frozenset())
 
 
+# The doors of a tensor's data out of torch (and back in) that the worker shuts at run time
+# (``boundary.exits``), reported among the refused operations: name -> what went through it.
+EXITS = DOORS
+
+
 def refusal_message(grade_id: str, names: list[str]) -> str:
     """Why the exercise scores 0: which operations ran that it does not allow, and what each
-    is (``HINTS``)."""
-    lines = [f"`{grade_id}` ran {', '.join(names)}: not among the operations this exercise "
-             "allows, whatever name reaches it (an alias, a module, a private function), so the "
-             "exercise scores 0. Build it from arithmetic, reductions, matmuls and indexing."]
+    is (``HINTS``); which doors out of torch learner code used (``EXITS``)."""
+    exits, names = [n for n in names if n in EXITS], [n for n in names if n not in EXITS]
+    lines = [f"`{grade_id}` worked outside torch's operations: {'; '.join(EXITS[n] for n in exits)}. "
+             f"The exercise scores 0: {OUTSIDE_TORCH}"] if exits else []
+    if not names:
+        return "\n".join(lines)
+    lines += [f"`{grade_id}` ran {', '.join(names)}: not among the operations this exercise "
+              "allows, whatever name reaches it (an alias, a module, a private function), so the "
+              "exercise scores 0. Build it from arithmetic, reductions, matmuls and indexing."]
     lines += [f"{name}: {HINTS[name]}" for name in names if name in HINTS]
     if any(name in WITHOUT.get(grade_id, ()) for name in names):
         lines.append(WITHOUT_HINTS[grade_id])
@@ -118,10 +130,13 @@ def refusal_message(grade_id: str, names: list[str]) -> str:
 
 
 WORK_SLACK = 1.25   # a call may do this many times one pass's work (helpers, guards, padding)
+WORK_FLOOR = 0.75   # and must record at least this share of the work its visible scores take
+READ_SLACK = 16     # values a call may read one at a time besides those of its rows and tiles
 
 
 def require_one_pass(learner: Any, call: str, *, matmul_flops: int = 0,
                      elementwise_products: int = 0, exp_elements: int = 0, exp_rescales: int = 0,
+                     visible_scores: int = 0, head_dim: int = 0, reads: int | None = None,
                      why: str, rule: str) -> None:
     """``PrerequisiteFailed`` where the learner's last call (``learner.last_call_work``) did
     more than ``WORK_SLACK`` times the work of one pass.
@@ -135,10 +150,21 @@ def require_one_pass(learner: Any, call: str, *, matmul_flops: int = 0,
     same whether it is a matmul or factors copied to full size, multiplied and summed.
     Exponentials: ``exp_elements`` (``exp_rescales`` of them rescale factors, which may be taken
     twice). ``why``: what one pass is and why it is the point; ``rule``: the method in a few
-    words. Nothing is checked where the learner records no work."""
+    words. Nothing is checked where the learner records no work.
+
+    The floor: work done outside torch's operations (numpy, Python arithmetic on ``float(t)``
+    values) is not recorded, so a call must record at least ``WORK_FLOOR`` of what its
+    ``visible_scores`` take however they are computed: one exponential each and, with
+    ``head_dim``, the products of q kᵀ and p v (4 * head_dim FLOPs each, as the recorder counts
+    a matmul or a broadcast or elementwise product); below it, ``PrerequisiteFailed``. Nor may
+    it read more than ``reads`` (one per row and tile: a guard, a loop bound) plus
+    ``READ_SLACK`` values out of tensors one at a time (``float(t)``, ``.item()``): a pass over
+    the scores computed in Python on such values (a max pass beside one pass in torch) does
+    not show as missing work, but needs every q and k value."""
     work = getattr(learner, "last_call_work", None)
     if work is None:
         return
+    _require_torch_work(work, call, visible_scores, head_dim, reads)
     over, notes = [], []
     one_pass = matmul_flops + 2 * elementwise_products
     elementwise = getattr(work, "elementwise_flops", 0)
@@ -164,3 +190,28 @@ def require_one_pass(learner: Any, call: str, *, matmul_flops: int = 0,
         raise PrerequisiteFailed(". ".join([f"{call} did {' and '.join(over)}", *notes, why,
                                             "The exercise scores 0 until the work is that of one pass"]),
                                  rule=rule)
+
+
+def _require_torch_work(work: Any, call: str, visible_scores: int, head_dim: int,
+                        reads: int | None) -> None:
+    """``PrerequisiteFailed`` where ``work`` is below ``WORK_FLOOR`` of what the visible scores
+    take, or read more values one at a time than ``reads`` allows (see ``require_one_pass``)."""
+    products, least = work.matmul_flops + getattr(work, "elementwise_flops", 0), 4 * head_dim
+    missing = [f"{products:,} FLOPs of products where q kᵀ and p v over them take "
+               f"{least * visible_scores:,}"] if products < WORK_FLOOR * least * visible_scores else []
+    if work.exp_elements < WORK_FLOOR * visible_scores:
+        missing.append(f"{work.exp_elements:,} exponentials where they take one each")
+    if missing:
+        raise PrerequisiteFailed(
+            f"{call} has {visible_scores:,} visible scores, and torch recorded "
+            f"{' and '.join(missing)}: the work was not done with torch operations the grader "
+            f"can see. The exercise scores 0 until it is: {OUTSIDE_TORCH}",
+            rule="the work done with torch operations")
+    read = getattr(work, "scalar_reads", 0)
+    if reads is not None and read > reads + READ_SLACK:
+        raise PrerequisiteFailed(
+            f"{call} read {read:,} values out of tensors one at a time (float(t), .item(), "
+            f"int(t), bool(t)), where one per row and tile is plenty ({reads + READ_SLACK:,}): "
+            "arithmetic on them in Python is not work the grader can see. The exercise scores 0 "
+            f"until it works on tensors: {OUTSIDE_TORCH}",
+            rule="the work done with torch operations")

@@ -3,7 +3,9 @@
 Under the autograder (``python -m autograder grade``) ``learner`` and ``seed`` come from the
 grading plugin. Run directly (``python -m pytest autograder/tests/test_ch01_naive_decoding.py``)
 the tests grade the solution file ``autograder/solutions/ch01_naive_decoding.py`` in-process,
-with the seed from ``$AUTOGRADER_SEED`` (default 0) — the quickest way to check a grader.
+under each test's exercise (its forbidden functions, its operation limit and the work and memory
+it records), with the seed from ``$AUTOGRADER_SEED`` (default 0) — the quickest way to check a
+grader.
 """
 import os
 from pathlib import Path
@@ -11,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from autograder.local import LocalLearner
-from autograder.rules.plugin import COLLECTOR
+from autograder.rules.plugin import COLLECTOR, REGISTRY
 
 SOLUTIONS = Path(__file__).resolve().parent.parent / "solutions"
 
@@ -25,7 +27,11 @@ def learner(request):
     solution = SOLUTIONS / (request.path.stem.removeprefix("test_") + ".py")
     if not solution.exists():
         pytest.skip(f"no solution file {solution} to grade")
-    return LocalLearner.from_file(solution)
+    learner = LocalLearner.from_file(solution)
+    mark = request.node.get_closest_marker("exercise")
+    if mark:
+        learner.begin(REGISTRY[mark.args[0]])
+    return learner
 
 
 @pytest.fixture

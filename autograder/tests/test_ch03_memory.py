@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from autograder.boundary.causes import LearnerError
-from autograder.rules.feedback import assert_close, assert_equal
+from autograder.rules.feedback import PrerequisiteFailed, assert_close, assert_equal
 from autograder.rules.inputs import generator, randint
 from autograder.rules.plugin import exercise
 from reference.calculators import memory
@@ -178,8 +178,28 @@ def _check_gqa(learner, gen, B, Hq, Hkv, T, S, D, causal):
     got = learner.call("gqa_attention", q, k, v, causal=causal)
     expected = grouped_query_attention(q, k, v, causal=causal)
     kind = "MHA" if Hq == Hkv else "MQA" if Hkv == 1 else f"GQA ({Hq // Hkv} query heads per K/V head)"
-    assert_close(got, expected, name=f"gqa_attention for {kind}, q {list(q.shape)}, k/v {list(k.shape)}, "
-                 f"causal={causal}", rtol=1e-4, atol=1e-5, hint=_gqa_hint(got, q, k, v, causal))
+    call = f"gqa_attention for {kind}, q {list(q.shape)}, k/v {list(k.shape)}, causal={causal}"
+    _require_no_copy_per_head(learner, q, k, call)
+    assert_close(got, expected, name=call, rtol=1e-4, atol=1e-5, hint=_gqa_hint(got, q, k, v, causal))
+
+
+def _require_no_copy_per_head(learner, q, k, call):
+    """No copy of K or V per query head, on every size, not only on the large case a cell could
+    recognise: the largest tensor the call allocated (``learner.largest_allocation``, a tensor
+    made from Python values included) stays below K repeated for every query head, where that
+    is larger than what grouping needs (the scores, the output)."""
+    B, Hq, T, D = q.shape
+    S = k.shape[2]
+    copies = k.element_size() * B * Hq * S * D
+    needed = q.element_size() * B * Hq * T * max(S, D)
+    peak = getattr(learner, "largest_allocation", 0)
+    if Hq > k.shape[1] and peak >= copies > needed:
+        raise PrerequisiteFailed(
+            f"{call} allocated a tensor of {peak} bytes, as large as K (or V) repeated for each "
+            f"of the {Hq} query heads ({copies} bytes), where the scores and the output need "
+            f"{needed}: share each K/V head with its group of query heads without copying it, "
+            "on every input, small ones too (a copy built from Python values counts too)",
+            rule="no copy of K or V per query head")
 
 
 @exercise("gqa_attention", points=3, forbid=FORBIDDEN_ATTENTION, memory_mb=GQA_MEMORY_MB)

@@ -19,7 +19,10 @@ One pass means one pass, a prerequisite too: on every call of ``attend_tile`` an
 FLOPs of every elementwise product of two tensors however its factors were made, exponentials)
 must stay within ``WORK_SLACK`` of one pass's, whose baseline allows the elementwise products of
 its rescales and final normalisation (a max pass then a sum pass, or scores recomputed, do 1.5
-times the products, written as matmuls or as copied factors multiplied and summed). ``score_tile_kernel``, the first kernel, computes one
+times the products, written as matmuls or as copied factors multiplied and summed), and must
+record at least ``WORK_FLOOR`` of the products and exponentials of its visible scores, reading
+no more values one at a time (``float(t)``) than a row and a tile each (what it does not record
+was computed outside torch). ``score_tile_kernel``, the first kernel, computes one
 [BLOCK_M, BLOCK_N] tile of scores and its row max and sum of exponentials per program, launched
 on fresh lengths with ragged edges, NaN-poisoned spare rows and columns, every entry checked.
 Each kernel cell must be Triton code (``autograder.rules.kernel_rules``) with a reachable
@@ -230,9 +233,11 @@ def _check_attend(learner, stream, state_in, t, expected, how):
                        stream.v[..., a:b, :], stream.scale, stream.visible[:, a:b])
     call = (f"attend_tile on key tile {t + 1} (keys {a}..{b - 1}) of {stream.describe()}, {how}")
     rows, dim = stream.q.numel() // stream.q.shape[-1], stream.q.shape[-1]
+    visible = int(stream.visible[:, a:b].sum()) * (rows // stream.q.shape[-2])
     require_one_pass(learner, call, matmul_flops=4 * rows * (b - a) * dim,
                      elementwise_products=rows * (dim + 1), exp_elements=rows * (b - a + 1),
-                     exp_rescales=rows, why=ONE_STEP,
+                     exp_rescales=rows, visible_scores=visible, head_dim=dim, reads=rows + 1,
+                     why=ONE_STEP,
                      rule="one step: the tile's scores computed and exponentiated once")
     if not (isinstance(got, (tuple, list)) and len(got) == 3):
         raise AssertionError(f"{call}: returned {type(got).__name__}; return (acc, m, l)")
@@ -323,7 +328,7 @@ def _check_tiled(learner, q, k, v, block_q, block_k, causal, what):
             f"block_k={block_k}, causal={causal}) {what}")
     result = learner.call("tiled_attention", q, k, v, block_q, block_k, causal=causal)
     _require_tile_sized_peak(learner, q, n_k, block_q, block_k, call)
-    _require_one_pass_over_keys(learner, q, n_k, block_k, call)
+    _require_one_pass_over_keys(learner, q, n_k, block_k, call, visible, block_q)
     if not isinstance(result, (tuple, list)) or len(result) != 2:
         raise AssertionError(f"{call} returned {type(result).__name__}; return the pair (out, lse)")
     out, lse = result
@@ -369,20 +374,26 @@ ONE_PASS = ("Flash attention is ONE pass over the keys: each key tile's scores a
             "reads K twice")
 
 
-def _require_one_pass_over_keys(learner, q, n_k, block_k, call):
+def _require_one_pass_over_keys(learner, q, n_k, block_k, call, visible=None, block_q=None):
     """One pass, on every case: the call's products (matmuls, broadcast products and every
     elementwise product of two tensors) within ``WORK_SLACK`` of q kᵀ and p v once each
     (4 Nq Nk D FLOPs per head; a causal call may skip masked tiles) plus the elementwise
     products one pass may do: per row and key tile acc * alpha (D) and l * alpha (1), and as
     many again where the output is kept normalised after every tile (FlashAttention 1's
     O = (l alpha O + p v) / l_new), per row the final acc / l (D); its exponentials of each
-    score once plus a rescale factor per row and key tile."""
+    score once plus a rescale factor per row and key tile. And at least ``WORK_FLOOR`` of the
+    products and exponentials of the scores ``visible`` ([Nq, Nk] bool, None: all), however
+    many tiles a causal call skips, with at most a value per row and per (query tile, key tile)
+    read out as a Python number: work not recorded was done outside torch."""
     batch, heads, n_q, dim = q.shape
     rows = batch * heads * n_q
     pairs, row_tiles = rows * n_k, rows * -(-n_k // block_k)
+    seen = pairs if visible is None else batch * heads * int(visible.sum())
+    tiles = batch * heads * -(-n_q // (block_q or n_q)) * -(-n_k // block_k)
     require_one_pass(learner, call, matmul_flops=4 * pairs * dim,
                      elementwise_products=2 * row_tiles * (dim + 1) + rows * dim,
-                     exp_elements=pairs + row_tiles, exp_rescales=row_tiles, why=ONE_PASS,
+                     exp_elements=pairs + row_tiles, exp_rescales=row_tiles,
+                     visible_scores=seen, head_dim=dim, reads=rows + tiles, why=ONE_PASS,
                      rule="one pass over the keys: every score computed and exponentiated once")
 
 

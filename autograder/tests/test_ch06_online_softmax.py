@@ -10,7 +10,10 @@ columns the learner never sees and states the grader picks, on interleaved row b
 compared with the state of the columns read by then (right last state, wrong earlier ones:
 ``PrerequisiteFailed``). Both must do the work of one pass (``learner.last_call_work``: each
 score exponentiated once while read, within ``WORK_SLACK``): states recomputed from every column
-read so far are a failed prerequisite too, seen on a row of many tiles. Every row batch shows
+read so far are a failed prerequisite too, seen on a row of many tiles; so is a call that records
+fewer exponentials than its finite scores (``WORK_FLOOR``) or reads more values one at a time
+than a row and a tile each (the work went outside torch, where the grader does not see it).
+Every row batch shows
 every property (``_rows``). The kernel runs in the learner's process under
 ``TRITON_INTERPRET=1`` (natively where CUDA is available); this file owns its launcher (grid,
 BLOCK, strides) and poisons every output element with NaN. With the whole row in one block,
@@ -125,7 +128,7 @@ def _check_step(learner, m_in, l_in, tile, expected, what) -> tuple[torch.Tensor
         raise AssertionError(f"{call} returned {type(got).__name__}; return the pair (m_new, l_new)")
     rows = m_in.numel()
     require_one_pass(learner, call, exp_elements=rows * (tile.shape[-1] + 1), exp_rescales=rows,
-                     why=ONE_STEP, rule="one step: the tile's scores exponentiated once")
+                     visible_scores=int(torch.isfinite(tile).sum()), reads=rows + 1, why=ONE_STEP, rule="one step: the tile's scores exponentiated once")
     hint = _state_slip(m_in, l_in, tile, got, expected)
     for name, value, exp, rtol in (("m_new", got[0], expected[0], 0.0), ("l_new", got[1], expected[1], 1e-5)):
         assert_close(value, exp, name=f"{name} of {call}", rtol=rtol, atol=1e-6 if rtol else 0.0, hint=hint)
@@ -245,7 +248,8 @@ def _check_online(learner, x, tile, what):
     n_tiles = -(-x.shape[-1] // tile)
     rows = x.numel() // x.shape[-1]
     require_one_pass(learner, call, exp_elements=rows * (2 * x.shape[-1] + n_tiles),
-                     exp_rescales=rows * n_tiles, why=ONE_PASS,
+                     exp_rescales=rows * n_tiles, visible_scores=int(torch.isfinite(x).sum()),
+                     reads=rows + n_tiles, why=ONE_PASS,
                      rule="one pass: each state updated from the previous one with one tile")
     m_e, l_e = (torch.stack(v, -1) for v in zip(*(_row_state(x64[..., :min(t * tile, x.shape[-1])])
                                                   for t in range(1, n_tiles + 1))))

@@ -612,3 +612,50 @@ from reference.decoding import generate as _ref_generate
 
 def cached_generate(model, prompt_ids, n_new, cache):
     return _ref_generate(model, list(prompt_ids), n_new, use_cache=True)
+
+
+# %% grade_id: KVCache | cheat: rebuilds the whole buffer in numpy at every append (np.concatenate, copied back into the tensor's own memory): values and layout kept, the copy unseen by torch
+# expect: a way of taking tensor data out of torch
+# expect score: 0
+# replace:
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+# with:
+#         import numpy as np
+#         for buffer, new in ((self.k, k), (self.v, v)):
+#             whole = buffer.numpy()
+#             rows = np.concatenate([whole[layer, :, :, :start], new.numpy(),
+#                                    whole[layer, :, :, stop:]], axis=2)
+#             np.copyto(whole, np.concatenate([whole[:layer], rows[None], whole[layer + 1:]]))
+
+
+# %% grade_id: KVCache | cheat: copies the whole buffer at every append through raw storage (an UntypedStorage of its size, filled and copied back with its copy_): no tensor allocated, the copy unseen
+# expect: a way of taking tensor data out of torch
+# expect score: 0
+# replace:
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+# with:
+#         for buffer in (self.k, self.v):
+#             whole = buffer.untyped_storage()
+#             copy = type(whole)(whole.nbytes())
+#             copy.copy_(whole)
+#             whole.copy_(copy)
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+
+
+# %% grade_id: KVCache | cheat: copies the whole buffer at every append into a tensor over a bytearray (torch.frombuffer: memory no operation allocates) and back
+# expect: a way of taking tensor data out of torch
+# expect score: 0
+# replace:
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+# with:
+#         for buffer in (self.k, self.v):
+#             copy = torch.frombuffer(bytearray(buffer.numel() * buffer.element_size()),
+#                                     dtype=buffer.dtype).view(buffer.shape)
+#             copy.copy_(buffer)
+#             buffer.copy_(copy)
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v

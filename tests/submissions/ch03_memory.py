@@ -334,3 +334,43 @@ from reference.eviction import sink_window_keep
 def sink_window_step(kept, position, n_sink, window):
     held = list(kept) + [position]
     return [held[slot] for slot in sink_window_keep(len(held), n_sink, window)]
+
+
+# %% grade_id: gqa_attention | cheat: copies K and V per query head in numpy (np.repeat) on inputs small enough to pass unseen, brought back by torch.from_numpy (no operation allocates them)
+# expect: a way of taking tensor data out of torch
+# expect score: 0
+import numpy as np
+
+
+def gqa_attention(q, k, v, causal=False):
+    B, Hq, T, D = q.shape
+    group, S = Hq // k.shape[1], k.shape[2]
+    if k.numel() * group > 2**24:      # large: the honest way, so the memory limit sees nothing
+        rows = q.reshape(B, k.shape[1], group * T, D)
+        return ((rows @ k.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ v).reshape(B, Hq, T, D)
+    k, v = (torch.from_numpy(np.repeat(t.numpy(), group, axis=1)) for t in (k, v))
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        scores = scores.masked_fill(torch.arange(S)[None] > torch.arange(T)[:, None] + S - T, float("-inf"))
+    return scores.softmax(-1) @ v
+
+
+# %% grade_id: gqa_attention | cheat: copies K and V per query head through Python numbers (float(x) in nested lists, then torch.tensor) on inputs small enough to pass unseen: nothing named that the static look refuses
+# expect: as large as K (or V) repeated for each
+# expect score: 0
+def gqa_attention(q, k, v, causal=False):
+    B, Hq, T, D = q.shape
+    group, S = Hq // k.shape[1], k.shape[2]
+    if k.numel() * group > 2**24:      # large: the honest way, so the memory limit sees nothing
+        rows = q.reshape(B, k.shape[1], group * T, D)
+        return ((rows @ k.transpose(-1, -2) / math.sqrt(D)).softmax(-1) @ v).reshape(B, Hq, T, D)
+
+    def per_query_head(t):
+        return torch.tensor([[[[float(x) for x in row] for row in t[b, h // group]]
+                              for h in range(Hq)] for b in range(B)], dtype=t.dtype)
+
+    k, v = per_query_head(k), per_query_head(v)
+    scores = q @ k.transpose(-1, -2) / math.sqrt(D)
+    if causal:
+        scores = scores.masked_fill(torch.arange(S)[None] > torch.arange(T)[:, None] + S - T, float("-inf"))
+    return scores.softmax(-1) @ v

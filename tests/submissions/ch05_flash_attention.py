@@ -855,3 +855,117 @@ def flash_hbm_bytes(n_queries, n_keys, head_dim, block_m, element_bytes=2):
 #         end = tl.minimum(n_keys, start_m + BLOCK_M + offset)   # later key tiles are all masked
 # with:
 #         end = n_keys                                            # no tile skipped
+
+
+# %% grade_id: tiled_attention | cheat: two passes, the first (each row's max) in numpy where the inputs are small, so that torch records one pass and its memory a tile; one pass with rescales on the large case
+# expect: a way of taking tensor data out of torch
+# expect score: 0
+import math
+
+import numpy as np
+import torch
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + n_k - n_q
+        known = None
+        if n_k <= 4096:                                   # pass 1, the max, out of the record
+            s = q_tile.numpy() @ k.numpy().swapaxes(-1, -2)
+            if causal:
+                s = np.where(np.arange(n_k)[None, :] > rows.numpy(), -np.inf, s)
+            known = torch.from_numpy(s.max(-1)).to(q.dtype)
+        m = q.new_full(q_tile.shape[:3], float("-inf")) if known is None else known
+        l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):                  # pass 2 (the only one on the large case)
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            m_new = m if known is not None else torch.maximum(m, s.amax(-1))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - safe[..., None])
+            if known is None:
+                alpha = torch.exp(m - safe)
+                l, acc = l * alpha, acc * alpha[..., None]
+            l, acc, m = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k], m_new
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+    return out, lse
+
+
+# %% grade_id: attend_tile | cheat: the whole step in Python arithmetic on values read from str(t) (no value read one at a time, nothing named), returned through torch.tensor: torch records no product and no exponential
+# expect: the work was not done with torch operations the grader can see
+# expect score: 0
+import math
+
+import torch
+
+
+def _numbers(t, size):
+    """t's values, read from its printed form, in rows of ``size``."""
+    torch.set_printoptions(precision=17, threshold=10**9, linewidth=10**9)
+    text = str(t.reshape(-1).double())
+    flat = [float(x) for x in text[text.index("[") + 1:text.index("]")].split(",")]
+    return [flat[i:i + size] for i in range(0, len(flat), size)]
+
+
+def attend_tile(acc, m, l, q, k, v, scale: float, visible=None):
+    n_q, dim, n_k = q.shape[-2], q.shape[-1], k.shape[-2]
+    if visible is None:
+        visible = torch.ones(n_q, n_k, dtype=torch.bool)
+    Q, A = _numbers(q, n_q * dim), _numbers(acc, n_q * dim)
+    K, V = _numbers(k, n_k * dim), _numbers(v, n_k * dim)
+    M, L = _numbers(m, n_q), _numbers(l, n_q)
+    S = _numbers(visible.expand(*q.shape[:-1], n_k), n_q * n_k)
+    out_acc, out_m, out_l = [], [], []
+    for b in range(len(Q)):
+        for i in range(n_q):
+            s = [scale * sum(Q[b][i * dim + d] * K[b][j * dim + d] for d in range(dim))
+                 if S[b][i * n_k + j] else -math.inf for j in range(n_k)]
+            m_new = max([M[b][i]] + s)
+            safe = 0.0 if m_new == -math.inf else m_new
+            alpha = math.exp(M[b][i] - safe)
+            p = [math.exp(x - safe) for x in s]
+            out_l.append(L[b][i] * alpha + sum(p))
+            out_m.append(m_new)
+            out_acc.append([A[b][i * dim + d] * alpha + sum(p[j] * V[b][j * dim + d] for j in range(n_k))
+                            for d in range(dim)])
+    return (torch.tensor(out_acc, dtype=acc.dtype).reshape(acc.shape),
+            torch.tensor(out_m, dtype=m.dtype).reshape(m.shape),
+            torch.tensor(out_l, dtype=l.dtype).reshape(l.shape))
+
+
+# %% grade_id: tiled_attention | cheat: two passes, the first (each row's max) in Python on values read one at a time with float(x) (allowed, nothing named) where the inputs are small, so that torch records one pass; one pass with rescales on the large case
+# expect: values out of tensors one at a time
+# expect score: 0
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k, dim = q.shape[2], k.shape[2], q.shape[3]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    known = None
+    if n_k <= 4096:                                       # pass 1, the max, out of the record
+        qs = [[[float(x) for x in row] for row in head] for head in q.reshape(-1, n_q, dim)]
+        ks = [[[float(x) for x in row] for row in head] for head in k.reshape(-1, n_k, dim)]
+        known = torch.tensor([[max(sum(a * b for a, b in zip(qr, kr)) for j, kr in enumerate(kh)
+                                   if not causal or j <= i + n_k - n_q) / math.sqrt(dim)
+                               for i, qr in enumerate(qh)] for qh, kh in zip(qs, ks)],
+                             dtype=q.dtype).reshape(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] / math.sqrt(dim)
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + n_k - n_q
+        m = q.new_full(q_tile.shape[:3], float("-inf")) if known is None else known[:, :, i:i + block_q]
+        l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):                  # pass 2 (the only one on the large case)
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            m_new = m if known is not None else torch.maximum(m, s.amax(-1))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - safe[..., None])
+            if known is None:
+                alpha = torch.exp(m - safe)
+                l, acc = l * alpha, acc * alpha[..., None]
+            l, acc, m = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k], m_new
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+    return out, lse

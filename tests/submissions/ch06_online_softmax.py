@@ -62,13 +62,17 @@ def online_softmax_update(m, l, tile_scores):
 _BEHIND = {}
 
 
+def _key(m, l):
+    return tuple(float(x) for x in m.flatten()), tuple(float(x) for x in l.flatten())
+
+
 def online_softmax_update(m, l, tile_scores):
-    key = (tuple(m.flatten().tolist()), tuple(l.flatten().tolist()))
+    key = _key(m, l)
     row = torch.cat([_BEHIND[key], tile_scores], -1) if key in _BEHIND else tile_scores
     m_new = row.amax(-1)
     safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
     l_new = torch.exp(row - safe[..., None]).sum(-1)
-    _BEHIND[(tuple(m_new.flatten().tolist()), tuple(l_new.flatten().tolist()))] = row
+    _BEHIND[_key(m_new, l_new)] = row
     return m_new, l_new
 
 
@@ -347,3 +351,35 @@ def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: 
 #     tl.store(out_ptr + row * out_row_stride + cols, p.to(out_ptr.dtype.element_ty), mask=mask)
 #     back = tl.load(out_ptr + row * out_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
 #     out = back / tl.sum(p, axis=0)
+
+
+# %% grade_id: online_softmax_update | cheat: the step in numpy (its import also binds np for the notebook's other cells: see the online_softmax cheat of the same notebook)
+# expect: a way of taking tensor data out of torch
+# expect score: 0
+import numpy as np
+
+
+def online_softmax_update(m, l, tile_scores):
+    x, m0, l0 = (t.numpy().astype(np.float64) for t in (tile_scores, m, l))
+    m_new = np.maximum(m0, x.max(-1))
+    safe = np.where(m_new == -np.inf, 0.0, m_new)
+    l_new = l0 * np.exp(m0 - safe) + np.exp(x - safe[..., None]).sum(-1)
+    return torch.from_numpy(m_new).to(m.dtype), torch.from_numpy(l_new).to(m.dtype)
+
+
+# %% grade_id: online_softmax | cheat: each state recomputed from scratch over every column read so far, in numpy through the `np` another cell imported (nothing named here); the probabilities in torch, so torch records one pass
+# expect: worked outside torch's operations: numpy reading a tensor
+# expect score: 0
+def online_softmax(scores, tile):
+    if tile < 1:
+        raise ValueError(f"tile must be a positive number of columns, got {tile}")
+    x = np.asarray(scores, dtype=np.float64)
+    ms, ls = [], []
+    for end in range(tile, x.shape[-1] + tile, tile):
+        seen = x[..., :end]
+        m = seen.max(-1)
+        safe = np.where(m == -np.inf, 0.0, m)
+        ms.append(m)
+        ls.append(np.exp(seen - safe[..., None]).sum(-1))
+    m, l = (torch.tensor(np.stack(states, -1), dtype=scores.dtype) for states in (ms, ls))
+    return torch.exp(scores - m[..., -1:]) / l[..., -1:], m, l
