@@ -70,6 +70,7 @@ class SandboxLearner(GraderSideTrace):
         self.store = ReferenceStore()
         self.exercise = None
         self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
+        self._stubs: dict[str, bool] = {}   # function name -> still at its stub (cells never change)
         self.last_traffic: LaunchTraffic | None = None   # the last launch's loads and stores
         self.last_call_work = CallWork()   # the last call's products and exponentials
         self._handles: set[int] = set()
@@ -229,7 +230,9 @@ class SandboxLearner(GraderSideTrace):
         """Result of the learner's function ``name(*args, **kwargs)`` (plain data or Handle).
         A function still at its stub (``untouched_stub``) fails as its call would, unrun, so
         that an exercise left undone starts no worker."""
-        if untouched_stub(self.cells, name):
+        if name not in self._stubs:
+            self._stubs[name] = untouched_stub(self.cells, name)
+        if self._stubs[name]:
             raise LearnerError(NOT_IMPLEMENTED)
         return self._call_named(name, {"op": "call", "name": name, "args": self._wire(args),
                                        "kwargs": self._wire(kwargs)})

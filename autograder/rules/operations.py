@@ -107,16 +107,12 @@ def allowed_operations(exercise: Any) -> frozenset[str] | None:
     return (BASIC | EXTRA.get(grade_id, frozenset())) - WITHOUT.get(grade_id, frozenset())
 
 
-# The doors of a tensor's data out of torch (and back in) that the worker shuts at run time
-# (``boundary.exits``), reported among the refused operations: name -> what went through it.
-EXITS = DOORS
-
-
 def refusal_message(grade_id: str, names: list[str]) -> str:
     """Why the exercise scores 0: which operations ran that it does not allow, and what each
-    is (``HINTS``); which doors out of torch learner code used (``EXITS``)."""
-    exits, names = [n for n in names if n in EXITS], [n for n in names if n not in EXITS]
-    lines = [f"`{grade_id}` worked outside torch's operations: {'; '.join(EXITS[n] for n in exits)}. "
+    is (``HINTS``); which doors out of torch (``boundary.exits.DOORS``, shut at run time and
+    reported among the refused operations) learner code used."""
+    exits, names = [n for n in names if n in DOORS], [n for n in names if n not in DOORS]
+    lines = [f"`{grade_id}` worked outside torch's operations: {'; '.join(DOORS[n] for n in exits)}. "
              f"The exercise scores 0: {OUTSIDE_TORCH}"] if exits else []
     if not names:
         return "\n".join(lines)

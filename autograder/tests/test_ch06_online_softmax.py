@@ -13,8 +13,7 @@ score exponentiated once while read, within ``WORK_SLACK``): states recomputed f
 read so far are a failed prerequisite too, seen on a row of many tiles; so is a call that records
 fewer exponentials than its finite scores (``WORK_FLOOR``) or reads more values one at a time
 than a row and a tile each (the work went outside torch, where the grader does not see it).
-Every row batch shows
-every property (``_rows``). The kernel runs in the learner's process under
+Every row batch shows every property (``_rows``). The kernel runs in the learner's process under
 ``TRITON_INTERPRET=1`` (natively where CUDA is available); this file owns its launcher (grid,
 BLOCK, strides) and poisons every output element with NaN. With the whole row in one block,
 the row is in registers after one load: the kernel's loads and stores, counted by the
@@ -128,7 +127,8 @@ def _check_step(learner, m_in, l_in, tile, expected, what) -> tuple[torch.Tensor
         raise AssertionError(f"{call} returned {type(got).__name__}; return the pair (m_new, l_new)")
     rows = m_in.numel()
     require_one_pass(learner, call, exp_elements=rows * (tile.shape[-1] + 1), exp_rescales=rows,
-                     visible_scores=int(torch.isfinite(tile).sum()), reads=rows + 1, why=ONE_STEP, rule="one step: the tile's scores exponentiated once")
+                     visible_scores=int(torch.isfinite(tile).sum()), reads=rows + 1, why=ONE_STEP,
+                     rule="one step: the tile's scores exponentiated once")
     hint = _state_slip(m_in, l_in, tile, got, expected)
     for name, value, exp, rtol in (("m_new", got[0], expected[0], 0.0), ("l_new", got[1], expected[1], 1e-5)):
         assert_close(value, exp, name=f"{name} of {call}", rtol=rtol, atol=1e-6 if rtol else 0.0, hint=hint)
