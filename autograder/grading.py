@@ -95,6 +95,8 @@ def run_tests(tests: Path, learner, seed: int) -> list[TestOutcome]:
             "-W", "ignore::pytest.PytestAssertRewriteWarning"]
     with contextlib.redirect_stdout(io.StringIO()) as log:
         status = pytest.main(args, plugins=[collector])
+    if collector.start_failed is not None:
+        raise collector.start_failed
     if status not in (pytest.ExitCode.OK, pytest.ExitCode.TESTS_FAILED) or not collector.outcomes:
         raise RuntimeError(f"the grader {tests} did not run ({status!r}):\n{log.getvalue()[-3000:]}")
     outcomes = sorted(collector.outcomes, key=lambda o: collector.position.get(o.name, 0))
@@ -135,16 +137,11 @@ def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = N
         except SandboxUnavailable as exc:
             result.error, result.refused = str(exc), True
             return result
-        try:
-            learner.start()   # the environment works in the sandbox, or grading is refused
-        except SandboxUnavailable as exc:
-            learner.close()
-            result.error, result.refused = str(exc), True
-            result.seconds = time.monotonic() - start
-            return result
-        result.isolation = learner.isolation
-    try:
+        learner.launch_worker()   # the worker imports torch while pytest loads the grader's tests
+    try:   # the worker is ready before the first test, or grading is refused
         result.outcomes = run_tests(Path(tests).resolve(), learner, seed)
+    except SandboxUnavailable as exc:
+        result.error, result.refused = str(exc), True
     finally:
         if isinstance(learner, SandboxLearner):
             result.cell_errors = dict(learner.cell_errors)

@@ -33,7 +33,10 @@ from placement import link_packages, linked_venv, venv_site_packages
 
 ROOT = Path(__file__).resolve().parents[1]
 CHAPTER = "ch01_naive_decoding"
-FULL, HOSTILE_MAX = 8, 6   # the hostile notebook loses naive_work's 2 points
+# The hostile notebook loses naive_work's 2 points, and causal_attention's 3: its naive_work cell
+# names `sys` and `__import__`, and every cell runs where causal_attention's operations are
+# recorded (the static look covers them all).
+FULL, HOSTILE_MAX = 8, 3
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="an unprivileged user to drop to")
 
 

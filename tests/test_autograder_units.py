@@ -1026,6 +1026,94 @@ def test_a_changed_operation_recorder_is_found(monkeypatch):
     monkeypatch.setattr(guard._limit_mode(), "__torch_dispatch__", lambda *a, **k: None)
     assert traffic.tampered(RECORDER_PLACES) == ["OperationLimit.__torch_dispatch__",
                                                  "guard._allocated", "product_flops.aten.mm"]
+    # torch's own dispatch-mode machinery: a mode never pushed records nothing
+    from torch.utils import _python_dispatch
+    monkeypatch.setattr(_python_dispatch, "_push_mode", lambda *a: None)
+    monkeypatch.setattr(torch._C, "_pop_torch_dispatch_stack", lambda *a: None)
+    assert {"python_dispatch._push_mode", "dispatch_stack._pop_torch_dispatch_stack"} \
+        <= set(traffic.tampered(RECORDER_PLACES))
+
+
+# A cell of another exercise (one that records nothing, so its own cell is never looked at)
+# reaching the operation recorder before the limited exercise runs: a torch._dynamo of its own
+# (torch would wrap the mode's dispatch with its `disable` at the first limited operation), or
+# torch's dispatch-mode stack made a no-op. attend_tile then runs a forbidden operation.
+HELPER_ATTACKS = {
+    "fake dynamo": ("import sys, types, torch\n"
+                    "fake = types.ModuleType('torch._dynamo')\n"
+                    "def disable(fn, recursive=True, wrapping=False):\n"
+                    "    return lambda self, func, types, args=(), kwargs=None: func(*args, **(kwargs or {}))\n"
+                    "fake.disable = disable\n"
+                    "sys.modules['torch._dynamo'] = torch._dynamo = fake\n",
+                    "`_dynamo`", "ran aten._softmax"),
+    "no mode stack": ("import torch.utils._python_dispatch as pd\n"
+                      "pd._push_mode = lambda mode, k=None: None\n"
+                      "pd._pop_mode = lambda k=None: None\n",
+                      "`_python_dispatch`", "python_dispatch._push_mode"),
+}
+FUSED = ("import torch\n"
+         "def helper(x):\n"
+         "    return torch.ops.aten._softmax.default(x, -1, False)\n")
+
+
+@pytest.mark.parametrize("attack", list(HELPER_ATTACKS))
+def test_another_cell_cannot_switch_the_operation_recorder_off(attack):
+    """Both walls: the static look now covers every cell the worker runs (whichever exercise it
+    belongs to), and at run time the mode never imports torch._dynamo and watches torch's
+    dispatch machinery. The run-time wall is shown alone by calling the sandbox directly."""
+    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.rules.plugin import REGISTRY, other_cells_problem
+    from autograder.grading import chapter_graders
+    chapter_graders()
+    code, static_name, runtime_message = HELPER_ATTACKS[attack]
+    cells = [("flash_hbm_bytes", code + FUSED),
+             ("attend_tile", "def attend_tile(s):\n    return helper(s)\n")]
+    learner = SandboxLearner(cells, timeout=30)
+    try:
+        entry = REGISTRY["attend_tile"]
+        problem = other_cells_problem(learner, entry)
+        assert "your `flash_hbm_bytes` cell uses" in problem and static_name in problem
+        assert "`attend_tile` scores 0" in problem
+        learner.start()
+        assert learner.cell_errors == {}
+        learner.begin(entry)
+        with pytest.raises(AssertionError, match=runtime_message.replace(".", r"\.")):
+            learner.call("attend_tile", torch.randn(3, 4))
+    finally:
+        learner.close()
+
+
+def test_the_next_memory_limit_s_worker_is_started_ahead_as_another_user():
+    """With exercises under two memory limits, the second limit's worker starts while the first
+    serves its exercises (as the other sandbox user, so that killing the first one's user leaves
+    it running), and serves the limited exercise from its first call; none is started for an
+    exercise still at its stub."""
+    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.rules.plugin import Exercise
+    free, limited = Exercise("free", 1), Exercise("capped", 1, memory_mb=1536)
+    cells = [("free", "def free(x):\n    return x + 1\n"),
+             ("capped", "def capped(x):\n    return x * 2\n")]
+    learner = SandboxLearner(cells, timeout=30)
+    try:
+        learner.start([free, limited])
+        first, ahead = learner.worker, learner._standby
+        assert ahead is not None and ahead.memory_mb == 1536 and ahead.running
+        if first.uid is not None:
+            assert ahead.uid != first.uid
+        learner.begin(free)
+        assert float(learner.call("free", torch.tensor(1.0))) == 2.0
+        learner.begin(limited)
+        assert float(learner.call("capped", torch.tensor(3.0))) == 6.0
+        assert learner.worker is ahead and not first.running and learner._standby is None
+    finally:
+        learner.close()
+    stub = [("free", cells[0][1]), ("capped", "def capped(x):\n    raise NotImplementedError\n")]
+    learner = SandboxLearner(stub, timeout=30)
+    try:
+        learner.start([free, limited])
+        assert learner._standby is None
+    finally:
+        learner.close()
 
 
 def test_a_worker_killed_from_two_threads_at_once_is_killed_once(tmp_path):

@@ -277,6 +277,7 @@ def active_limit():
 @functools.lru_cache(maxsize=1)
 def _limit_mode():
     """The dispatch mode class, built on first use (the import reaches torch internals)."""
+    from torch._C._dynamo import eval_frame
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class OperationLimit(TorchDispatchMode):
@@ -290,6 +291,14 @@ def _limit_mode():
         elementwise products and elements exponentiated (``CallWork``): a grader checks "one
         pass" with it. The run-time wall at a tensor's exits (``boundary.exits``) records its
         refusals in the ``refused`` of ``active_limit()``."""
+
+        @classmethod
+        def _should_skip_dynamo(cls) -> bool:
+            """False: torch would wrap ``__torch_dispatch__`` with ``torch._dynamo.disable``,
+            importing ``torch._dynamo`` (a second) at the first operation, under learner code,
+            where a cell could have put a module of its own in its place and skipped every
+            check. The frames are kept out of dynamo below instead."""
+            return False
 
         def __init__(self, allowed: Iterable[str]):
             super().__init__()
@@ -335,6 +344,10 @@ def _limit_mode():
             self.work.scalar_reads += read
             return out
 
+    # dynamo (torch.compile in a cell) never traces the dispatch, nor what it calls: what
+    # torch._dynamo.disable(recursive=True) does, set on the code object through torch._C
+    strategy = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.SKIP)
+    eval_frame.set_code_exec_strategy(OperationLimit.__torch_dispatch__.__code__, strategy)
     return OperationLimit
 
 
@@ -363,6 +376,31 @@ def operation_limit(allowed: Iterable[str] | None):
     if allowed is None:
         return _NoLimit()
     return _limit_mode()(allowed)
+
+
+def dispatch_places() -> dict[str, Any]:
+    """What a dispatch mode rests on beyond its class, by place name (for ``traffic.tampered``):
+    torch's mode module and base class, and the dispatch-stack functions of ``torch._C``
+    (looked up live)."""
+    from torch.utils import _python_dispatch
+    return {"python_dispatch": vars(_python_dispatch),
+            "TorchDispatchMode": vars(_python_dispatch.TorchDispatchMode),
+            "dispatch_stack": _LiveNames(torch._C, DISPATCH_STACK)}
+
+
+DISPATCH_STACK = ("_push_on_torch_dispatch_stack", "_pop_torch_dispatch_stack",
+                  "_get_dispatch_stack_at", "_len_torch_dispatch_stack", "_set_dispatch_mode",
+                  "_get_dispatch_mode", "_unset_dispatch_mode")
+
+
+class _LiveNames:
+    """The attributes ``names`` of ``owner`` as a read-only mapping, looked up at every ``items()``."""
+
+    def __init__(self, owner: Any, names: Iterable[str]):
+        self.owner, self.names = owner, tuple(names)
+
+    def items(self) -> list[tuple[str, Any]]:
+        return [(name, getattr(self.owner, name, None)) for name in self.names]
 
 
 class _NoLimit(contextlib.nullcontext):

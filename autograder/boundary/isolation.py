@@ -18,6 +18,9 @@ from pathlib import Path
 UNSHARE = ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "--kill-child",
            "--mount-proc"]
 UID_BASE = 1_200_000  # sandbox users: UID_BASE + grader pid (no account, no files)
+# A grader's second sandbox user (a worker started ahead beside the running one): uid + UID_SPAN,
+# above any pid (Linux caps pid_max at 2**22), so no other grader process has it.
+UID_SPAN = 1 << 22
 LEFTOVER_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 # Shown to the worker besides the directories Python imports from: shared libraries, the C
 # toolchain Triton builds its launcher with on a GPU machine, system configuration, devices and

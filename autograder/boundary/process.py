@@ -2,7 +2,8 @@
 
 ``WorkerProcess.start`` launches ``python -s -m autograder.boundary.worker CONFIG`` confined as
 the mode asks (``autograder.boundary.isolation.choose_mode``) and waits for it to say it is
-ready; ``exchange`` sends one request and returns the final reply, answering the proxies'
+ready (``launch`` and ``wait_ready`` apart: the worker imports torch, about a second, while the
+grader does something else); ``exchange`` sends one request and returns the final reply, answering the proxies'
 requests that come first; every read and write ends at a deadline. ``kill`` stops the process
 group and every process of the sandbox user.
 """
@@ -57,6 +58,7 @@ class WorkerProcess:
         self.mode, self.uid, self.workdir, self.log, self.hide = mode, uid, workdir, log, hide
         self.compile_kernels = compile_kernels   # the compile worker (compiling.serve)
         self.proc: subprocess.Popen | None = None
+        self.ready = False   # said it is ready (``wait_ready``); False again once killed
         self._killing = threading.Lock()
         self.memory_mb = 0
         self.isolation: list[str] = []
@@ -70,6 +72,12 @@ class WorkerProcess:
         """Start the worker under ``memory_mb`` with the functions ``forbid`` guarded, and wait
         until it is ready. ``EnvironmentProblem`` when it cannot import what learner code needs,
         ``RuntimeError`` when it does not start."""
+        self.launch(memory_mb, forbid)
+        self.wait_ready()
+
+    def launch(self, memory_mb: int, forbid: list[str]) -> None:
+        """Start the worker process (``start`` without the wait): it confines itself and imports
+        what learner code may import while the caller goes on; ``wait_ready`` then waits for it."""
         import torch
         worker_in, grader_out = os.pipe()
         grader_in, worker_out = os.pipe()
@@ -81,7 +89,7 @@ class WorkerProcess:
         imports = import_dirs(exclude=hide + [str(PACKAGE_ROOT / "autograder"),
                                               str(PACKAGE_ROOT / "reference")])
         show = shown_dirs(imports)
-        self.memory_mb = memory_mb
+        self.memory_mb, self._imports = memory_mb, imports
         config = {"in": worker_in, "out": worker_out, "memory_mb": memory_mb,
                   "memory_limit": "data" if cuda or torch.version.cuda else "as",
                   "lockdown": self.mode == "namespaces",
@@ -103,8 +111,17 @@ class WorkerProcess:
             os.close(worker_in), os.close(worker_out), log.close()
         self._write, self._read = grader_out, grader_in
         os.set_blocking(self._write, False), os.set_blocking(self._read, False)
+        self._started = time.monotonic()
+
+    def wait_ready(self) -> None:
+        """Wait for the launched worker to say it is ready (``STARTUP_SECONDS`` from its launch);
+        the errors of ``start``."""
+        if self.ready:
+            return
+        if self.proc is None:
+            raise RuntimeError("the sandbox worker was stopped before it was ready")
         try:
-            ready = self.exchange(None, time.monotonic() + STARTUP_SECONDS, "while starting")
+            ready = self.exchange(None, self._started + STARTUP_SECONDS, "while starting")
         except (LearnerError, TimeoutError) as exc:
             log_text = self.log.read_text(errors="replace")[-3000:]
             raise RuntimeError(f"the sandbox worker failed to start ({exc}):\n{log_text}") from None
@@ -112,13 +129,14 @@ class WorkerProcess:
             self.kill()
             raise EnvironmentProblem(
                 f"the Python environment does not work inside the sandbox: the worker "
-                f"{ready['environment']} (it imports from {', '.join(imports)}). Grade with a "
+                f"{ready['environment']} (it imports from {', '.join(self._imports)}). Grade with a "
                 "Python installed where the sandbox can read it, or pass --no-isolation if you "
                 "trust the submissions")
         if not ready.get("ready"):
             raise RuntimeError("the sandbox worker did not start properly")
         layers = ready.get("isolation")
         self.isolation = [str(x) for x in layers] if isinstance(layers, list) else []
+        self.ready = True
 
     def exchange(self, request: dict | None, deadline: float, what: str,
                  answer: Callable[[dict], dict] | None = None) -> dict:
@@ -150,7 +168,7 @@ class WorkerProcess:
         Safe to call from two threads at once (the compile worker's builds run beside the tests,
         and closing the sandbox kills it under a build): the first call does it, once."""
         with self._killing:
-            proc, self.proc = self.proc, None
+            proc, self.proc, self.ready = self.proc, None, False
             if proc is None:
                 return
             try:

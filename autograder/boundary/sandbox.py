@@ -11,6 +11,10 @@ Modes (``SandboxLearner.mode``), strongest available first:
 - ``none``: not root, or ``isolate=False``. As root, when neither sandbox can be had, grading
   is refused (``SandboxUnavailable``) unless ``isolate=False``.
 
+Where the exercises to grade need workers with different memory limits (``memory_mb``), the next
+one is started ahead (``start``'s plan), as a second sandbox user, while the running one serves
+its exercises, so that changing workers costs no wait for its imports.
+
 Every read and write on the worker's pipes has a deadline (per-call time limit, per-exercise
 ``timeout``, and the submission's total ``budget``); a worker that times out, crashes or
 garbles the protocol is killed (process group, and every process of its user) and a fresh one
@@ -30,7 +34,8 @@ from autograder.boundary.budget import TimeBudget
 from autograder.boundary.builds import BUILD_SECONDS, KernelBuilder
 from autograder.boundary.causes import NOT_IMPLEMENTED, LearnerError, OperationRefused
 from autograder.boundary.guard import CallWork
-from autograder.boundary.isolation import SandboxUnavailable, choose_mode, delete_leftovers
+from autograder.boundary.isolation import (UID_SPAN, SandboxUnavailable, choose_mode,
+                                           delete_leftovers)
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
 from autograder.boundary.refs import Handle, from_wire, to_wire
 from autograder.boundary.store import GraderSideTrace, ReferenceStore
@@ -80,15 +85,23 @@ class SandboxLearner(GraderSideTrace):
         self._builds: dict[tuple, Future] = {}
         self.notes: list[str] = []                   # what a passing test adds to the report
         self.mode, uid, self.isolation = choose_mode(isolate)
-        self._workdir = Path(tempfile.mkdtemp(prefix="autograder-worker-"))
-        log = Path(tempfile.mkdtemp(prefix="autograder-log-")) / "output.txt"
-        self.worker = WorkerProcess(self.mode, uid, self._workdir, log,
-                                    [str(Path(p).resolve()) for p in hide])
+        self._uids = (uid, None if uid is None else uid + UID_SPAN)
+        self._hide = [str(Path(p).resolve()) for p in hide]
+        self._dirs: list[Path] = []   # the workers' working and log directories, deleted at close
+        self.worker = self._new_worker(uid)
+        self._standby: WorkerProcess | None = None   # the next memory limit's worker, started ahead
+        self._limits: list[int] = []   # the memory limits of start's plan, in the order graded
         LIVE.add(self)
+
+    def _new_worker(self, uid: int | None) -> WorkerProcess:
+        workdir = Path(tempfile.mkdtemp(prefix="autograder-worker-"))
+        log = Path(tempfile.mkdtemp(prefix="autograder-log-")) / "output.txt"
+        self._dirs += [workdir, log.parent]
+        return WorkerProcess(self.mode, uid, workdir, log, self._hide)
 
     @property
     def uid(self) -> int | None:
-        """The sandbox user (``None``: the worker runs as the grader's user)."""
+        """The sandbox user of the running worker (``None``: the grader's user)."""
         return self.worker.uid
 
     # -- what the grader tests see -----------------------------------------------------------
@@ -103,32 +116,72 @@ class SandboxLearner(GraderSideTrace):
     @property
     def memory_limit_mb(self) -> int:
         """The memory limit (MB) the learner's code runs under for the current exercise."""
-        wanted = getattr(self.exercise, "memory_mb", None)
+        return self._limit_of(self.exercise)
+
+    def _limit_of(self, exercise) -> int:
+        wanted = getattr(exercise, "memory_mb", None)
         return min(self.memory_mb, wanted) if wanted else self.memory_mb
 
     def cell_source(self, grade_id: str) -> str | None:
         return next((src for gid, src in self.cells if gid == grade_id), None)
 
     # -- worker life cycle -------------------------------------------------------------------
-    def start(self) -> None:
+    def launch_worker(self) -> None:
+        """Start the first worker's process without waiting for it (``start`` waits), so that it
+        imports torch while the grader loads its tests. Never raises: ``start`` reports."""
+        try:
+            self.worker.launch(self.memory_limit_mb, self._forbidden())
+        except Exception:  # noqa: BLE001 - start() tries again and says why
+            self.worker.kill()
+
+    def start(self, exercises: Iterable = ()) -> None:
         """Start the first worker and load the cells, before any test: a worker that cannot
         start in this environment (not the learner's doing, no learner code has run) raises
-        ``SandboxUnavailable`` and grading is refused."""
+        ``SandboxUnavailable`` and grading is refused. ``exercises``: those to be graded, in
+        order (the plan); where their memory limits differ, the next limit's worker is started
+        ahead, unless every exercise needing it is still at its stub."""
+        self._limits = []
+        for exercise in exercises:
+            limit = self._limit_of(exercise)
+            if limit not in self._limits and not untouched_stub(self.cells, exercise.grade_id):
+                self._limits.append(limit)
         try:
             self._ensure_worker()
         except LearnerError:
             pass   # the budget ran out while loading the cells: the tests say so
 
-    def _spawn(self) -> None:
+    def _forbidden(self) -> list[str]:
         from autograder.rules.plugin import REGISTRY
-        forbid = sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})
-        self.worker.start(self.memory_limit_mb, forbid)
+        return sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})
+
+    def _spawn(self) -> None:
+        standby = self._standby
+        if not self.worker.running and standby is not None and standby.memory_mb == self.memory_limit_mb:
+            self.worker, self._standby = standby, None
+        if not self.worker.running:
+            self.worker.launch(self.memory_limit_mb, self._forbidden())
+        self.worker.wait_ready()
         self._handles.clear()
         if self.mode != "none" and self.worker.isolation and "(worker:" not in self.isolation:
             self.isolation += f" (worker: {', '.join(self.worker.isolation)})"
 
+    def _start_next_ahead(self) -> None:
+        """Launch the worker of the plan's next memory limit after the running one's, as the
+        other sandbox user (killing this worker kills every process of its user)."""
+        limits = self._limits
+        if self._standby is not None or self.worker.memory_mb not in limits[:-1]:
+            return
+        other = self._uids[1] if self.worker.uid == self._uids[0] else self._uids[0]
+        standby = self._new_worker(other)
+        try:
+            standby.launch(limits[limits.index(self.worker.memory_mb) + 1], self._forbidden())
+        except Exception:  # noqa: BLE001 - the next limit's first call starts it and says why
+            standby.kill()
+            return
+        self._standby = standby
+
     def _ensure_worker(self) -> None:
-        while not self.worker.running:
+        while not self.worker.ready:
             self.budget.require()
             try:
                 with self.budget.charged():   # restarts count too
@@ -150,6 +203,8 @@ class SandboxLearner(GraderSideTrace):
                     self.cell_errors[grade_id] = str(exc)
                     if not self.worker.running:
                         break  # the worker died: start again without this cell
+            if self.worker.ready:
+                self._start_next_ahead()
 
     def close(self) -> None:
         """Stop the workers, delete their working directories and whatever their users left."""
@@ -158,11 +213,14 @@ class SandboxLearner(GraderSideTrace):
         if self._building is not None:
             self._building.shutdown(cancel_futures=True)
         self.worker.kill()
+        if self._standby is not None:
+            self._standby.kill()
         LIVE.discard(self)
-        shutil.rmtree(self._workdir, ignore_errors=True)
-        shutil.rmtree(self.worker.log.parent, ignore_errors=True)
-        if self.uid is not None and self.mode == "user":
-            delete_leftovers(self.uid)
+        for folder in self._dirs:
+            shutil.rmtree(folder, ignore_errors=True)
+        if self.mode == "user":
+            for uid in filter(None, self._uids):
+                delete_leftovers(uid)
 
     # -- one request, within the time limits ---------------------------------------------------
     def _request(self, request: dict) -> Any:

@@ -252,15 +252,17 @@ class Worker:
         return reply
 
 
-RECORDER_PLACES = ("guard", "OperationLimit", "CallWork", "product_flops", "exp_elements")
+RECORDER_PLACES = ("guard", "OperationLimit", "CallWork", "product_flops", "exp_elements",
+                   "python_dispatch", "TorchDispatchMode", "dispatch_stack")
 
 
 def recorder_places() -> dict:
     """What the operation recorder rests on (``traffic.tampered`` watches them as it watches
     the interpreter's), by the names of ``RECORDER_PLACES``: the guard module, the mode's class,
-    the work record and its tables."""
-    return dict(zip(RECORDER_PLACES, (vars(guard), vars(guard._limit_mode()), vars(CallWork),
-                                      guard._PRODUCT_FLOPS, guard._EXP_ELEMENTS)))
+    the work record and its tables, and torch's dispatch-mode machinery (``guard.dispatch_places``)."""
+    return dict(zip(RECORDER_PLACES[:5], (vars(guard), vars(guard._limit_mode()), vars(CallWork),
+                                          guard._PRODUCT_FLOPS, guard._EXP_ELEMENTS))) \
+        | guard.dispatch_places()
 
 
 def hide_worker_module() -> None:

@@ -202,6 +202,26 @@ def _is_exit(name: str) -> bool:
     return name in EXIT_NAMES or name.split(".")[0] in EXIT_MODULES
 
 
+@functools.lru_cache(maxsize=256)   # asked again for every test of a notebook
+def detours_in_other_cell(source: str, grade_id: str) -> tuple[str, ...]:
+    """``detours_in_source`` of a cell that is not the graded exercise's own but runs in the same
+    process, before and beside it (a helper there could hand the recorder a module of its own, or
+    reach tensor data through ``torch._C``): all but ``tolist``, which an exercise that records
+    nothing may use on token ids (the run-time door refuses it to learner code under a limit)."""
+    return tuple(n for n in detours_in_source(source, grade_id) if n != "tolist")
+
+
+def other_cell_message(grade_id: str, other: str, names: list[str]) -> str:
+    """The report line for another cell (``other``) that reaches around what the grader records
+    while ``grade_id`` runs."""
+    listed = ", ".join(f"`{n}`" for n in names)
+    return (f"your `{other}` cell uses {listed}: every cell runs in the process where the grader "
+            f"records what `{grade_id}` does, so no cell may reach torch's internals (torch.ops, "
+            "torch._C, private torch._functions) nor fetch attributes or modules by computed "
+            "names (getattr, vars, eval, sys.modules, importlib, dunder attributes); take them "
+            f"out of `{other}` (`{grade_id}` scores 0 until then)")
+
+
 def detour_message(grade_id: str, names: list[str], forbidden: Iterable[str] = ()) -> str:
     """The report line for a cell that reaches around the forbidden names (or, in an exercise
     that forbids nothing, around what the grader records in the learner's process), or takes

@@ -33,8 +33,9 @@ import pytest
 
 from autograder.boundary.causes import LearnerError, OperationRefused
 from autograder.rules.feedback import PrerequisiteFailed
-from autograder.rules.forbid import (defines_kernel, detour_message, detours_in_source,
-                                     forbidden_message, uses_in_source)
+from autograder.rules.forbid import (defines_kernel, detour_message, detours_in_other_cell,
+                                     detours_in_source, forbidden_message, other_cell_message,
+                                     uses_in_source)
 from autograder.rules.operations import RECORDED
 
 
@@ -93,6 +94,19 @@ def static_check(learner: Any, entry: Exercise | None) -> None:
         raise LearnerError(detour_message(entry.grade_id, detours, entry.forbid))
 
 
+def other_cells_problem(learner: Any, entry: Exercise) -> str:
+    """Why ``entry`` scores 0 whatever its tests say ("" if nothing): where its verdict rests on
+    records kept in the learner's process, another cell the worker runs (``learner.cells``)
+    reaching around them as its own cell may not (``detours_in_other_cell``). Its tests still run,
+    so that their own messages are shown too."""
+    source = learner.cell_source(entry.grade_id) if hasattr(learner, "cell_source") else None
+    if not (source and records_in_process(entry, source)):
+        return ""
+    return "\n".join(other_cell_message(entry.grade_id, other, list(found))
+                     for other, cell in getattr(learner, "cells", ())
+                     if other != entry.grade_id and (found := detours_in_other_cell(cell, other)))
+
+
 def records_in_process(entry: Exercise, source: str) -> bool:
     """Whether the exercise's verdict rests on something recorded in the learner's process, so
     that its cell may not reach around the record: the operations of an exercise that forbids
@@ -145,6 +159,10 @@ def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def _exercise_mark(item: pytest.Item) -> pytest.Mark | None:
+    return item.get_closest_marker("exercise")
+
+
 def _memory_last(item: pytest.Item) -> float:
     """Sort key that runs the exercises with a memory limit of their own (``memory_mb``) after
     the others, the highest limit first (a stable sort keeps every exercise's own order): each
@@ -169,6 +187,7 @@ class Collector:
         self.outcomes: list[TestOutcome] = []
         self._share: dict[str, float] = {}
         self.position: dict[str, int] = {}   # test name -> its place in the grader file
+        self.start_failed: Exception | None = None   # why the learner's sandbox did not start
         self._start = 0.0
 
     @pytest.fixture(name="learner")
@@ -195,6 +214,14 @@ class Collector:
                 self._share[item.nodeid] = mark.kwargs.get("points", 1) / counts[mark.args[0]]
         self.position = {item.name: i for i, item in enumerate(items)}
         items.sort(key=_memory_last)
+        start = getattr(self.learner, "start", None)
+        if start is not None:   # a sandbox: its worker is ready before the first test, or none runs
+            plan = dict.fromkeys(m.args[0] for m in map(_exercise_mark, items) if m)
+            try:
+                start([REGISTRY[grade_id] for grade_id in plan if grade_id in REGISTRY])
+            except Exception as exc:  # noqa: BLE001 - handed to whoever ran the tests
+                self.start_failed = exc
+                items.clear()
 
 
     def pytest_runtest_setup(self, item: pytest.Item) -> None:
@@ -231,6 +258,11 @@ class Collector:
         output = self.learner.take_output() if hasattr(self.learner, "take_output") else ""
         note = self.learner.take_notes() if hasattr(self.learner, "take_notes") else ""
         message = note if passed and note else message   # a passing test's note (e.g. GPU builds)
+        entry = REGISTRY.get(mark.args[0])
+        problem = other_cells_problem(self.learner, entry) if entry is not None else ""
+        if problem:
+            passed = False
+            message = f"{message}\n{problem}" if message else f"passed, but 0 points: {problem}"
         share = self._share[item.nodeid]
         self.outcomes.append(TestOutcome(
             name=item.name, grade_id=mark.args[0], max_score=share,
