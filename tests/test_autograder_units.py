@@ -319,8 +319,8 @@ def test_the_exits_wall_refuses_numpy_and_dlpack_only_to_learner_code_under_a_li
     (np.asarray, a numpy function, np.from_dlpack, x.numpy()) or to Python lists (x.tolist()),
     or making a tensor over memory from outside torch (torch.frombuffer), under an operation
     limit is refused, and the refusal is kept in the limit even when the cell
-    catches it; printing a tensor, library code doing the same for itself, and the cell outside
-    a limit are not (tests/fixtures/exits_probe.py)."""
+    catches it; printing a tensor (its values counted as reads), library code doing the same for
+    itself, and the cell outside a limit are not (tests/fixtures/exits_probe.py)."""
     run = subprocess.run([sys.executable, str(ROOT / "tests/fixtures/exits_probe.py"),
                           str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
     assert run.returncode == 0, run.stderr[-2000:]
@@ -333,7 +333,7 @@ def test_the_exits_wall_refuses_numpy_and_dlpack_only_to_learner_code_under_a_li
                         "from_dlpack": ["torch.Tensor.__dlpack__"], "numpy": ["torch.Tensor.numpy"],
                         "tolist": ["torch.Tensor.tolist"], "frombuffer": ["torch.frombuffer"],
                         "caught": ["torch.Tensor.__array__"],
-                        "printed": [], "library": []}
+                        "printed": ["reads 6"], "library": []}
 
 
 def test_a_failed_prerequisite_scores_its_whole_exercise_zero(capsys):

@@ -16,6 +16,12 @@ shuts the doors themselves, whatever cell the code came from:
   ``torch.tensor`` run ``aten.lift_fresh``, which ``guard`` counts as an allocation;
   ``Tensor.__array_wrap__`` only brings back what ``__array__`` let out.)
 
+A tensor printed (``str(t)``, ``repr(t)``, ``print(t)``, an f-string: all reach
+``Tensor.__repr__``) is let through, but counted: torch formats it with the dispatch modes off,
+so no operation reads its values, yet their text can be parsed back into numbers for work in
+Python beside an honest pass in torch. Printed by learner code under a limit, every value counts
+as one read in the limit's ``work.scalar_reads``, which ``require_one_pass`` bounds.
+
 Each door is wrapped once, before any cell runs. While an operation limit is in force and
 learner code is near the call (``audit.asked_by_learner``), a door raises ``ExitRefused`` and
 the refusal is kept in the limit's ``refused``, so that catching the error does not hide it:
@@ -38,6 +44,9 @@ DOORS = {  # where -> what goes through it
     "torch.from_dlpack": "a tensor over another library's memory (from_dlpack)"}
 
 
+COUNTED = {"torch.Tensor.__repr__": "a tensor printed (str(t), repr(t), print(t), an f-string)"}
+
+
 class ExitRefused(RuntimeError):
     """Learner code went through a door out of torch (or back in) while its work was recorded."""
 
@@ -53,6 +62,15 @@ def _door(where: str, original):
         return original(*args, **kwargs)
     door.__name__ = door.__qualname__ = where.rsplit(".", 1)[1]
     return door
+
+
+def _counted(original):
+    def __repr__(self, *args, **kwargs):
+        limit = guard.active_limit()
+        if limit is not None and audit.asked_by_learner():
+            limit.work.scalar_reads += self.numel()   # every value, as float(t) would read it
+        return original(self, *args, **kwargs)
+    return __repr__
 
 
 _INSTALLED = [False]
@@ -72,4 +90,5 @@ def install() -> None:
         for owner in owners:
             if getattr(owner, name, None) is original:
                 setattr(owner, name, door)
+    torch.Tensor.__repr__ = _counted(torch.Tensor.__repr__)
     _INSTALLED[0] = True

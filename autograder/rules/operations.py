@@ -207,7 +207,8 @@ def _require_torch_work(work: Any, call: str, visible_scores: int, head_dim: int
     if reads is not None and read > reads + READ_SLACK:
         raise PrerequisiteFailed(
             f"{call} read {read:,} values out of tensors one at a time (float(t), .item(), "
-            f"int(t), bool(t)), where one per row and tile is plenty ({reads + READ_SLACK:,}): "
+            f"int(t), bool(t); printing a tensor reads all its values), where one per row and "
+            f"tile is plenty ({reads + READ_SLACK:,}): "
             "arithmetic on them in Python is not work the grader can see. The exercise scores 0 "
             f"until it works on tensors: {OUTSIDE_TORCH}",
             rule="the work done with torch operations")

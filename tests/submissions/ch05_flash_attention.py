@@ -969,3 +969,43 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
             l, acc, m = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k], m_new
         out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
     return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: two passes, the first (each row's max) in Python on values parsed from the printed tensors (torch formats str(t) with the dispatch modes off, so no operation reads them) where the inputs are small; one pass with rescales on the large case
+# expect: printing a tensor reads all its values
+# expect score: 0
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k, dim = q.shape[2], k.shape[2], q.shape[3]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    known = None
+    if n_k <= 4096:                                       # pass 1, the max, out of the record
+        torch.set_printoptions(precision=8, threshold=10**9, linewidth=10**9)
+        text = [str(x.reshape(-1)) for x in (q, k)]
+        torch.set_printoptions(profile="default")
+        qv, kv = ([float(w) for w in t[t.index("[") + 1:t.index("]")].split(",")] for t in text)
+        qs = [[qv[(h * n_q + r) * dim:(h * n_q + r + 1) * dim] for r in range(n_q)]
+              for h in range(len(qv) // (n_q * dim))]
+        ks = [[kv[(h * n_k + r) * dim:(h * n_k + r + 1) * dim] for r in range(n_k)]
+              for h in range(len(kv) // (n_k * dim))]
+        known = torch.tensor([[max(sum(a * b for a, b in zip(qr, kr)) for j, kr in enumerate(kh)
+                                   if not causal or j <= i + n_k - n_q) / math.sqrt(dim)
+                               for i, qr in enumerate(qh)] for qh, kh in zip(qs, ks)],
+                             dtype=q.dtype).reshape(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] / math.sqrt(dim)
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + n_k - n_q
+        m = q.new_full(q_tile.shape[:3], float("-inf")) if known is None else known[:, :, i:i + block_q]
+        l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):                  # pass 2 (the only one on the large case)
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            m_new = m if known is not None else torch.maximum(m, s.amax(-1))
+            safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)
+            p = torch.exp(s - safe[..., None])
+            if known is None:
+                alpha = torch.exp(m - safe)
+                l, acc = l * alpha, acc * alpha[..., None]
+            l, acc, m = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k], m_new
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+    return out, lse
