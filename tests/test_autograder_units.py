@@ -312,6 +312,14 @@ def test_the_static_look_refuses_the_exits_of_tensor_data_from_torch():
     message = detour_message("f", ["numpy", "getattr"])
     assert "a way of taking tensor data out of torch" in message and "use torch operations" in message
     assert "computed names" in message
+    # past the doors to torch._C's methods; super() without arguments stays
+    assert "super(type, obj)" in detours_in_source("def f(t):\n    return super(torch.Tensor, t).tolist()")
+    assert detours_in_source("class M(torch.nn.Module):\n    def __init__(self):\n        super().__init__()") == []
+    # in another exercise's cell, all but .tolist()
+    from autograder.rules.forbid import detours_in_other_cell
+    assert detours_in_other_cell("ids = out.tolist()", "naive_generate") == ()
+    assert {"_C", "numpy"} <= set(detours_in_other_cell("a = x.numpy()\nb = torch._C.TensorBase",
+                                                         "naive_generate"))
 
 
 def test_the_exits_wall_refuses_numpy_and_dlpack_only_to_learner_code_under_a_limit(tmp_path):

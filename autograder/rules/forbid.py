@@ -114,6 +114,9 @@ def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
     kernel = any(isinstance(n, ast.FunctionDef) and n.name == grade_id and _is_jit(n)
                  for n in ast.walk(tree))
     for node in (_outside_kernels(tree) if kernel else ast.walk(tree)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) \
+                and node.func.id == "super" and node.args:
+            found.add("super(type, obj)")   # past a class's methods: torch._C's, behind the doors
         words, private_ok = [], False
         if isinstance(node, ast.Name):
             words, private_ok = [node.id], True      # the cell's own helpers may be _private
