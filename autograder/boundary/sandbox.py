@@ -156,8 +156,8 @@ class SandboxLearner(GraderSideTrace):
 
     def _spawn(self) -> None:
         standby = self._standby
-        if not self.worker.running and standby is not None and standby.memory_mb == self.memory_limit_mb:
-            self.worker, self._standby = standby, None
+        if not self.worker.running and standby and standby.memory_mb == self.memory_limit_mb:
+            self.worker, self._standby = standby, None   # started ahead for this limit
         if not self.worker.running:
             self.worker.launch(self.memory_limit_mb, self._forbidden())
         self.worker.wait_ready()

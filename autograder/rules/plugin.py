@@ -159,10 +159,6 @@ def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _exercise_mark(item: pytest.Item) -> pytest.Mark | None:
-    return item.get_closest_marker("exercise")
-
-
 def _memory_last(item: pytest.Item) -> float:
     """Sort key that runs the exercises with a memory limit of their own (``memory_mb``) after
     the others, the highest limit first (a stable sort keeps every exercise's own order): each
@@ -216,7 +212,8 @@ class Collector:
         items.sort(key=_memory_last)
         start = getattr(self.learner, "start", None)
         if start is not None:   # a sandbox: its worker is ready before the first test, or none runs
-            plan = dict.fromkeys(m.args[0] for m in map(_exercise_mark, items) if m)
+            marks = (item.get_closest_marker("exercise") for item in items)
+            plan = dict.fromkeys(mark.args[0] for mark in marks if mark)
             try:
                 start([REGISTRY[grade_id] for grade_id in plan if grade_id in REGISTRY])
             except Exception as exc:  # noqa: BLE001 - handed to whoever ran the tests
