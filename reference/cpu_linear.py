@@ -48,6 +48,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
+from reference import native_gemv
+
 _enabled = os.environ.get("REFERENCE_PACKED_LINEAR", "1") != "0"
 
 # Smaller weights stay on F.linear: they sit in the CPU's caches, where there is no memory traffic
@@ -123,7 +125,7 @@ def _split_parts(weight: Tensor) -> int:
     return math.gcd(weight.shape[1], torch.get_num_threads())
 
 
-# thread count -> the one-row path measured fastest on this machine: "blas", "split" or "packed".
+# thread count -> the one-row path measured fastest on this machine: "blas", "split", "packed" or "native".
 _one_row_path: dict[int, str] = {}
 
 
@@ -145,8 +147,9 @@ def _fastest(candidates: dict, rounds: int = 5, clock=time.perf_counter) -> str:
 def one_row_path() -> str:
     """The fastest way to stream a weight through a one-row product at torch's current thread count:
     "blas" (BLAS's matrix-vector product), "split" (`split_gemv`, one part per thread; raced only
-    with 2+ threads) or "packed" (oneDNN's packed weight; raced only where `available`), raced on
-    an input-major `RACE_SHAPE` weight (`_fastest`, ~0.1 s); the answer is kept for the process."""
+    with 2+ threads), "packed" (oneDNN's packed weight; raced only where `available`) or "native"
+    (`native_gemv`, raced only where it could be built), raced on an input-major `RACE_SHAPE`
+    weight (`_fastest`, ~0.1 s); the answer is kept for the process."""
     threads = torch.get_num_threads()
     if threads not in _one_row_path:
         with torch.inference_mode(False), torch.no_grad():
@@ -158,6 +161,8 @@ def one_row_path() -> str:
             if available():
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
                 candidates["packed"] = lambda: torch.ops.mkldnn._linear_pointwise(row, packed, None, "none", [], "")
+            if native_gemv.available():
+                candidates["native"] = lambda: native_gemv.gemv(row, weight)
             _one_row_path[threads] = _fastest(candidates)
     return _one_row_path[threads]
 
@@ -171,6 +176,8 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     if _enabled and x.dtype == torch.float32 and _streamed(weight):
         if x.numel() == x.shape[-1]:                                     # one row
             path = one_row_path()
+            if path == "native" and native_gemv.input_major(weight):
+                return native_gemv.gemv(x, weight)
             if path == "split" and (parts := _split_parts(weight)) > 1:
                 return split_gemv(x, weight, parts)
             if path != "packed":
