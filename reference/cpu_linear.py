@@ -23,10 +23,10 @@ load (oneDNN won on an earlier 2-core AMD EPYC, BLAS on an Intel Xeon at 1 threa
 threads on a 2-core machine kept busy by another process), so the one-row path is decided by
 measurement, once per process and thread count (`one_row_path`, about 0.1 s), not by a rule.
 None of these reads as fast as `sum`; where a C compiler is present the race has a fourth
-candidate that nearly does, `native_gemv` (a short loop in C, built at first use): on the same
-machine 90% of `sum`'s speed against the split's 72%, a decode step 0.83x the split's time at 2
-threads and 0.87x BLAS's at 1. Without a compiler the race runs as before, and every path gives
-the same numbers up to float rounding.
+candidate that comes closer, `native_gemv` (a short loop in C, built at first use): on the same
+machine 79-90% of `sum`'s speed against the split's 66-72%, a decode step 0.80-0.84x the split's
+time at 2 threads and 0.82-0.87x BLAS's at 1. Without a compiler the race runs as before, and
+every path gives the same numbers up to float rounding.
 
 `PackedLinear` packs each weight once (the first time it is used, again whenever the weight
 changes) into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which

@@ -1,14 +1,15 @@
-"""A one-row product (GEMV) in C that streams a weight matrix at the speed of a plain read.
+"""A one-row product (GEMV) in C that streams a weight matrix at close to the speed of a plain read.
 
 Why hand-written code: a batch-1 decode step is ~121 one-row products whose cost is reading the
 weights, and none of torch's ways to run them reads memory at the speed torch's own `sum` does.
 Measured on a 2-core AMD EPYC over SmolLM2-135M's 121 matrices (538 MB) at 2 threads, interleaved
-in one process (2026-11-27, a busy host: `sum` over the same 121 buffers at 26 GB/s): this GEMV
-23.6 GB/s (90% of `sum`), the weight split over the threads (`cpu_linear.split_gemv`) 18.8 (72%),
-oneDNN's packed weight 16.5, BLAS's GEMV 13.4; at 1 thread 16.2 against BLAS 12.7 and `sum` 21.4.
-A decode step took 0.83x the split's time at 2 threads, 0.87x BLAS's at 1. The loop is short:
-each thread reads one contiguous block of the weight's rows and adds 8 rows' products at a time
-into its own partial vector, and the partials are summed (reference/native_gemv.c).
+in one process (2026-11-27, three runs, a shared host whose `sum` over the same 121 buffers ran at
+26-38 GB/s): this GEMV at 79-90% of `sum`'s speed, the weight split over the threads
+(`cpu_linear.split_gemv`) at 66-72%, oneDNN's packed weight 52-63%, BLAS's GEMV 40-51%; at 1
+thread 74-78% against BLAS's 59-63%. A decode step took 0.80-0.84x the split's time at 2 threads,
+0.82-0.87x BLAS's at 1. The loop is short: each thread reads one contiguous block of the weight's
+rows and adds 8 or 16 rows' products at a time into its own partial vector, and the partials are
+summed (reference/native_gemv.c).
 
 Built at first use with the C compiler found as $REFERENCE_CC, $CC or `cc` (`-O3 -march=native`,
 ~0.3 s), into a cache directory ($REFERENCE_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, under
@@ -17,9 +18,10 @@ the flags, the OpenMP runtime and the CPU; later processes load it from there. T
 the OpenMP runtime file this process has already loaded (torch's own libgomp), so its threads are
 torch's pool: linked with a plain `-fopenmp` it would load the system's libgomp beside torch's
 wherever torch's copy has another name: a second pool of spinning threads on the same cores
-(measured within noise of the shared pool on a quiet 2-core machine; it can only cost under load). It is called through ctypes
-(which releases the GIL) with the tensors' data pointers: ~4 us a call at 1 thread, ~6 at 2, where
-`F.linear` costs ~2.6 (two Python threads, one C call each, were 1.8x slower than OpenMP).
+(measured within noise of the shared pool with nothing else running; it can only cost under
+load). It is called through ctypes (which releases the GIL) with the tensors' data pointers:
+~4 us a call at 1 thread, ~6 at 2, where `F.linear` costs ~2.6 (two Python threads, one C call
+each, were 1.8x slower than OpenMP).
 
 Where there is no compiler, the build fails, or REFERENCE_NATIVE_GEMV=0, `available()` is False and
 `reference.cpu_linear` races only torch's paths, which give the same numbers up to float rounding.
