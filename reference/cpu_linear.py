@@ -22,6 +22,11 @@ packed one's time. Which path streams fastest still depends on the CPU, the thre
 load (oneDNN won on an earlier 2-core AMD EPYC, BLAS on an Intel Xeon at 1 thread, and at 2
 threads on a 2-core machine kept busy by another process), so the one-row path is decided by
 measurement, once per process and thread count (`one_row_path`, about 0.1 s), not by a rule.
+None of these reads as fast as `sum`; where a C compiler is present the race has a fourth
+candidate that comes closer, `native_gemv` (a short loop in C, built at first use): on the same
+machine 79-90% of `sum`'s speed against the split's 66-72%, a decode step 0.80-0.84x the split's
+time at 2 threads and 0.82-0.87x BLAS's at 1. Without a compiler the race runs as before, and
+every path gives the same numbers up to float rounding.
 
 `PackedLinear` packs each weight once (the first time it is used, again whenever the weight
 changes) into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which
@@ -47,6 +52,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
+
+from reference import native_gemv
 
 _enabled = os.environ.get("REFERENCE_PACKED_LINEAR", "1") != "0"
 
@@ -123,7 +130,7 @@ def _split_parts(weight: Tensor) -> int:
     return math.gcd(weight.shape[1], torch.get_num_threads())
 
 
-# thread count -> the one-row path measured fastest on this machine: "blas", "split" or "packed".
+# thread count -> the one-row path measured fastest on this machine: "blas", "split", "packed" or "native".
 _one_row_path: dict[int, str] = {}
 
 
@@ -145,8 +152,9 @@ def _fastest(candidates: dict, rounds: int = 5, clock=time.perf_counter) -> str:
 def one_row_path() -> str:
     """The fastest way to stream a weight through a one-row product at torch's current thread count:
     "blas" (BLAS's matrix-vector product), "split" (`split_gemv`, one part per thread; raced only
-    with 2+ threads) or "packed" (oneDNN's packed weight; raced only where `available`), raced on
-    an input-major `RACE_SHAPE` weight (`_fastest`, ~0.1 s); the answer is kept for the process."""
+    with 2+ threads), "packed" (oneDNN's packed weight; raced only where `available`) or "native"
+    (`native_gemv`, raced only where it could be built), raced on an input-major `RACE_SHAPE`
+    weight (`_fastest`, ~0.1 s); the answer is kept for the process."""
     threads = torch.get_num_threads()
     if threads not in _one_row_path:
         with torch.inference_mode(False), torch.no_grad():
@@ -158,6 +166,8 @@ def one_row_path() -> str:
             if available():
                 packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
                 candidates["packed"] = lambda: torch.ops.mkldnn._linear_pointwise(row, packed, None, "none", [], "")
+            if native_gemv.available():
+                candidates["native"] = lambda: native_gemv.gemv(row, weight)
             _one_row_path[threads] = _fastest(candidates)
     return _one_row_path[threads]
 
@@ -171,6 +181,8 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     if _enabled and x.dtype == torch.float32 and _streamed(weight):
         if x.numel() == x.shape[-1]:                                     # one row
             path = one_row_path()
+            if path == "native" and native_gemv.input_major(weight):
+                return native_gemv.gemv(x, weight)
             if path == "split" and (parts := _split_parts(weight)) > 1:
                 return split_gemv(x, weight, parts)
             if path != "packed":

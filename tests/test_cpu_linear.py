@@ -110,13 +110,15 @@ def test_a_single_row_is_split_over_the_threads_where_that_won(packed_on, monkey
     assert torch.equal(cpu_linear.linear(x, row_major), F.linear(x, row_major)) and calls == [2]
 
 
-@pytest.mark.parametrize("threads, offered", [(1, ["blas", "packed"]), (2, ["blas", "split", "packed"])])
+@pytest.mark.parametrize("threads, offered", [(1, ["blas", "packed", "native"]),
+                                               (2, ["blas", "split", "packed", "native"])])
 def test_the_race_offers_split_only_with_threads_and_keeps_its_verdict(monkeypatch, threads, offered):
     races = []
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     monkeypatch.setattr(cpu_linear, "_fastest", lambda candidates: races.append(list(candidates)) or offered[-1])
     monkeypatch.setattr(cpu_linear, "_one_row_path", {})
-    want = [name for name in offered if name != "packed" or cpu_linear.available()]
+    built = {"packed": cpu_linear.available(), "native": cpu_linear.native_gemv.available()}
+    want = [name for name in offered if built.get(name, True)]
     assert cpu_linear.one_row_path() == offered[-1]
     assert cpu_linear.one_row_path() == offered[-1] and races == [want], "the verdict must be kept, not re-raced"
 

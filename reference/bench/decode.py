@@ -25,7 +25,7 @@ from torch import Tensor
 
 from reference.bench import measure
 from reference.bench.hf_peer import load_hf_peer
-from reference import cpu_linear
+from reference import cpu_linear, native_gemv
 from reference.cpu_linear import linear
 from reference.decoding import DecodeStats, generate
 from reference.model import load_model
@@ -131,14 +131,22 @@ def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repea
           f"HF {n / theirs:.1f} tok/s", flush=True)
 
 
+def one_row_note() -> str:
+    """The one-row path the race chose, the file it lives in, and why the native GEMV is missing
+    when it is (e.g. 'native (reference/native_gemv.c)')."""
+    path = cpu_linear.one_row_path()
+    where = "reference/native_gemv.c" if path == "native" else "reference/cpu_linear.py"
+    missing = "" if native_gemv.available() else f"; native GEMV {native_gemv.describe()}"
+    return f"{path} ({where}{missing})"
+
+
 def run(args: argparse.Namespace) -> None:
     threads = configure(args.threads)
     model, tok = load_model("smollm2-135m")
     hf = load_hf_peer()
     ids = tok.chat_ids(PROMPT)
     print(f"threads: {threads} ({'--threads' if args.threads else 'free cores'}), OpenMP wait "
-          f"policy: {wait_policy()}   one-row products: {cpu_linear.one_row_path()} "
-          f"(reference/cpu_linear.py)   prompt: {len(ids)} tokens   weights: "
+          f"policy: {wait_policy()}   one-row products: {one_row_note()}   prompt: {len(ids)} tokens   weights: "
           f"{model.weight_bytes() / 2**20:.0f} MiB {str(model.embed.weight.dtype).removeprefix('torch.')}\n")
     time_ours(model, ids, 4, True), time_hf(hf, ids, 4)  # warm-up: allocator, thread pool
     speeds = batch1_rows(model, hf, ids, args.tokens, args.naive_max, args.repeats)
