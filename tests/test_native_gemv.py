@@ -2,6 +2,7 @@
 thread counts, shares torch's OpenMP runtime, is cached, and gives way to torch's paths when it
 cannot be built; reference.cpu_linear takes it where it won the race."""
 import os
+import re
 import stat
 import sys
 
@@ -63,7 +64,8 @@ def test_refuses_what_it_cannot_read_as_one_input_major_row():
 def test_one_openmp_runtime_in_the_process():
     torch.ones(1 << 16).sum()                                            # torch's pool up
     native_gemv.gemv(torch.ones(1, 64), torch.ones(64, 64).t())
-    runtimes = {line.split()[-1] for line in open("/proc/self/maps") if "omp" in line.rsplit("/", 1)[-1]}
+    runtimes = {line.split()[-1] for line in open("/proc/self/maps")
+                if re.fullmatch(r"lib(gomp|iomp5|omp)\b[-.\w]*\.so[.\d]*", line.rsplit("/", 1)[-1].strip())}
     assert len(runtimes) == 1, f"two OpenMP runtimes loaded: {runtimes}"
 
 
