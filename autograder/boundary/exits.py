@@ -64,13 +64,14 @@ def _door(where: str, original):
     return door
 
 
-def _counted(original):
-    def __repr__(self, *args, **kwargs):
+def _counted(where: str, original):
+    def counted(self, *args, **kwargs):
         limit = guard.active_limit()
         if limit is not None and audit.asked_by_learner():
             limit.work.scalar_reads += self.numel()   # every value, as float(t) would read it
         return original(self, *args, **kwargs)
-    return __repr__
+    counted.__name__ = counted.__qualname__ = where.rsplit(".", 1)[1]
+    return counted
 
 
 _INSTALLED = [False]
@@ -90,5 +91,7 @@ def install() -> None:
         for owner in owners:
             if getattr(owner, name, None) is original:
                 setattr(owner, name, door)
-    torch.Tensor.__repr__ = _counted(torch.Tensor.__repr__)
+    for where in COUNTED:
+        name = where.rsplit(".", 1)[1]
+        setattr(torch.Tensor, name, _counted(where, getattr(torch.Tensor, name)))
     _INSTALLED[0] = True

@@ -346,8 +346,9 @@ def _limit_mode():
 
     # dynamo (torch.compile in a cell) never traces the dispatch, nor what it calls: what
     # torch._dynamo.disable(recursive=True) does, set on the code object through torch._C
-    strategy = eval_frame._FrameExecStrategy(eval_frame._FrameAction.SKIP, eval_frame._FrameAction.SKIP)
-    eval_frame.set_code_exec_strategy(OperationLimit.__torch_dispatch__.__code__, strategy)
+    skip = eval_frame._FrameAction.SKIP
+    eval_frame.set_code_exec_strategy(OperationLimit.__torch_dispatch__.__code__,
+                                      eval_frame._FrameExecStrategy(skip, skip))
     return OperationLimit
 
 
