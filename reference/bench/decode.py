@@ -146,7 +146,8 @@ def run(args: argparse.Namespace) -> None:
     hf = load_hf_peer()
     ids = tok.chat_ids(PROMPT)
     print(f"threads: {threads} ({'--threads' if args.threads else 'free cores'}), OpenMP wait "
-          f"policy: {wait_policy()}   one-row products: {one_row_note()}   prompt: {len(ids)} tokens   weights: "
+          f"policy: {wait_policy()}   one-row products: {one_row_note()}   prompt: {len(ids)} "
+          f"tokens   weights: "
           f"{model.weight_bytes() / 2**20:.0f} MiB {str(model.embed.weight.dtype).removeprefix('torch.')}\n")
     time_ours(model, ids, 4, True), time_hf(hf, ids, 4)  # warm-up: allocator, thread pool
     speeds = batch1_rows(model, hf, ids, args.tokens, args.naive_max, args.repeats)
