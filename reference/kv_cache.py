@@ -44,6 +44,13 @@ class KVCache:
         n = self._lengths[layer]
         return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
 
+    def filled(self, n: int) -> None:
+        """Record that every layer now holds positions < n, written into k and v in place by
+        someone else (reference.native_step writes a decode step's keys and values itself)."""
+        if not 0 <= n <= self.max_len:
+            raise ValueError(f"cannot hold {n} tokens: max_len={self.max_len}")
+        self._lengths = [n] * len(self._lengths)
+
     def truncate(self, n: int) -> None:
         """Forget every position >= n in all layers (e.g. rejected speculative tokens)."""
         if not 0 <= n <= min(self._lengths):

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
+from reference import native_step
 from reference.context import DenseContext, PagedContext
 from reference.cpu_linear import PackedLinear, linear
 from reference.kv_cache import KVCache
@@ -211,6 +212,8 @@ class Llama(nn.Module):
         mask: bool [T, S] (True = key visible) replacing the causal mask of a dense step, e.g. a
         draft tree's (each node sees the cached prefix and its ancestors); S = cache length + T.
         """
+        if native_step.serves(self, input_ids, positions, cache, context, num_layers, logits_rows, mask):
+            return native_step.decode_step(self, input_ids, cache)   # the same step in one native call
         if context is None:
             context = DenseContext.for_step(cache, input_ids.shape[1], positions, input_ids.device,
                                             self.attention_backend, mask)

@@ -52,8 +52,55 @@ static void row_block(const float *x, const float *w, float *y, long r0, long r1
         pass_1(x + i, w + i * n_out, n_out, y, n_out);
 }
 
+/* The rows [*r0, *r1) of an n_in-row matrix that thread t of n reads: whole passes of
+ * ROWS_PER_PASS rows each, the last thread taking the rest. */
+void gemv_rows(long n_in, int t, int n, long *r0, long *r1)
+{
+    long passes = n_in / ROWS_PER_PASS;
+    *r0 = passes * t / n * ROWS_PER_PASS;
+    *r1 = t == n - 1 ? n_in : passes * (t + 1) / n * ROWS_PER_PASS;
+}
+
+/* Called by every thread t of an enclosing region of n threads: this thread's share of
+ * x[:n_in] @ w, the rows [r0, r1) of its `gemv_rows`, into `partial` [n_out] (reading only
+ * x[r0:r1]). The product is the sum of the n threads' partials, once all have written theirs. */
+void gemv_partial(const float *x, const float *w, float *partial, long n_in, long n_out)
+{
+#ifdef _OPENMP
+    int t = omp_get_thread_num(), n = omp_get_num_threads();
+#else
+    int t = 0, n = 1;
+#endif
+    long r0, r1;
+    gemv_rows(n_in, t, n, &r0, &r1);
+    row_block(x, w, partial, r0, r1, n_out, n == 1);
+}
+
+/* Called by every thread of an enclosing region of n threads: y[:n_out] = x[:n_in] @ w.
+ * scratch: [n - 1, n_out] floats for the partials of threads 1, 2, ... (thread 0's is y), summed
+ * into y split by columns; y is whole once the region ends. */
+static void gemv_in_region(const float *x, const float *w, float *y, float *scratch, long n_in,
+                           long n_out)
+{
+#ifdef _OPENMP
+    int t = omp_get_thread_num(), n = omp_get_num_threads();
+#else
+    int t = 0, n = 1;
+#endif
+    gemv_partial(x, w, t == 0 ? y : scratch + (t - 1) * n_out, n_in, n_out);
+    if (n == 1)
+        return;
+#ifdef _OPENMP
+    #pragma omp barrier
+#endif
+    long per = ((n_out + n - 1) / n + 15) / 16 * 16;  /* 64-byte aligned column ranges */
+    long c0 = t * per < n_out ? t * per : n_out, c1 = c0 + per < n_out ? c0 + per : n_out;
+    for (long k = 1; k < n; k++)
+        for (long j = c0; j < c1; j++) y[j] += scratch[(k - 1) * n_out + j];
+}
+
 /* y[:n_out] = x[:n_in] @ w[:n_in, :n_out] on `threads` threads; scratch: [threads - 1, n_out]
- * floats for the partial sums of threads 1, 2, ... (thread 0 sums into y). */
+ * floats (see gemv_in_region). */
 void gemv_input_major(const float *x, const float *w, float *y, float *scratch, long n_in,
                       long n_out, int threads)
 {
@@ -63,20 +110,7 @@ void gemv_input_major(const float *x, const float *w, float *y, float *scratch, 
     }
 #ifdef _OPENMP
     #pragma omp parallel num_threads(threads)
-    {
-        long t = omp_get_thread_num(), n = omp_get_num_threads();
-        long passes = n_in / ROWS_PER_PASS;  /* whole passes per thread; the last takes the rest */
-        long r0 = passes * t / n * ROWS_PER_PASS;
-        long r1 = t == n - 1 ? n_in : passes * (t + 1) / n * ROWS_PER_PASS;
-        row_block(x, w, t == 0 ? y : scratch + (t - 1) * n_out, r0, r1, n_out, 0);
-        if (n > 1) {
-            #pragma omp barrier
-            long per = ((n_out + n - 1) / n + 15) / 16 * 16;  /* 64-byte aligned column ranges */
-            long c0 = t * per < n_out ? t * per : n_out, c1 = c0 + per < n_out ? c0 + per : n_out;
-            for (long k = 1; k < n; k++)
-                for (long j = c0; j < c1; j++) y[j] += scratch[(k - 1) * n_out + j];
-        }
-    }
+    gemv_in_region(x, w, y, scratch, n_in, n_out);
 #else
     row_block(x, w, y, 0, n_in, n_out, 1);
 #endif

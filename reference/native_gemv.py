@@ -42,7 +42,8 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-SOURCE = Path(__file__).with_name("native_gemv.c")
+# This GEMV and the decode step built on it (reference/native_step.py), compiled into one library.
+SOURCES = [Path(__file__).with_name(name) for name in ("native_gemv.c", "native_step.c")]
 FLAGS = ["-O3", "-march=native", "-fPIC", "-fopenmp"]
 
 # Why the library is missing, for `describe()`; None while it loads or once it has loaded.
@@ -102,6 +103,13 @@ def _library() -> ctypes.CDLL | None:
     pointer, size = ctypes.c_void_p, ctypes.c_long
     lib.gemv_input_major.argtypes = [pointer, pointer, pointer, pointer, size, size, ctypes.c_int]
     lib.gemv_input_major.restype = None
+    lib.step_work_floats.argtypes = [pointer, ctypes.c_int]
+    lib.step_work_floats.restype = size
+    lib.decode_step.argtypes = [pointer, size, size, pointer, pointer, pointer, pointer, pointer,
+                                pointer, ctypes.c_float, pointer, pointer, ctypes.c_int]
+    lib.decode_step.restype = None
+    lib.stream_step.argtypes = [pointer, size, pointer, pointer, pointer, pointer, pointer, ctypes.c_int]
+    lib.stream_step.restype = None
     return lib
 
 
@@ -114,20 +122,20 @@ def _build() -> Path:
     runtime = _openmp_runtime()
     version = subprocess.run([executable, "--version"], capture_output=True, text=True,
                              timeout=30, check=True).stdout
-    source = SOURCE.read_bytes()
     key = hashlib.sha256(b"\0".join(
-        [source, executable.encode(), version.encode(), " ".join(FLAGS).encode(),
+        [*(source.read_bytes() for source in SOURCES), executable.encode(), version.encode(), " ".join(FLAGS).encode(),
          str(runtime).encode(), _cpu_identity().encode()])).hexdigest()[:16]
     directory = _cache_dir()
     library = directory / f"native_gemv-{key}.so"
     if library.exists():
         return library
     with tempfile.TemporaryDirectory(dir=directory) as work:
-        obj, built = Path(work, "native_gemv.o"), Path(work, "native_gemv.so")
-        _run([executable, *FLAGS, "-c", str(SOURCE), "-o", str(obj)])
+        objects, built = [Path(work, source.stem + ".o") for source in SOURCES], Path(work, "native.so")
+        for source, obj in zip(SOURCES, objects):
+            _run([executable, *FLAGS, "-c", str(source), "-o", str(obj)])
         # Link the runtime this process already uses by its file (-fopenmp at link time would add -lgomp).
         link = ([str(runtime), f"-Wl,-rpath,{runtime.parent}"] if runtime else ["-fopenmp"])
-        _run([executable, "-shared", str(obj), *link, "-o", str(built)])
+        _run([executable, "-shared", *map(str, objects), *link, "-lm", "-o", str(built)])
         os.replace(built, library)  # atomic: a process compiling beside this one finds a whole file
     return library
 

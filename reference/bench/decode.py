@@ -13,7 +13,9 @@ as a user would on the busy machine, and reports our and HF's tokens/s under tha
 The *floor* of a decode step is the time of the matrix products it cannot avoid: every weight
 matrix of the model (and the cached K/V) streamed through the same matmuls, back to back, with
 nothing else in between. A step cannot be faster than its floor on the same machine, so
-step time / floor measures everything else a step spends (Python, small ops, allocations).
+step time / floor measures everything else a step spends (Python, small ops, allocations). A
+batch-1 step that runs natively (reference/native_step.py) is timed against the native floor:
+the same reads, split over the threads with the same barriers, in one call.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from torch import Tensor
 
 from reference.bench import measure
 from reference.bench.hf_peer import load_hf_peer
-from reference import cpu_linear, native_gemv
+from reference import cpu_linear, native_gemv, native_step
 from reference.cpu_linear import linear
 from reference.decoding import DecodeStats, generate
 from reference.model import load_model
@@ -49,25 +51,38 @@ def time_hf(hf, ids: list[int], n: int) -> tuple[float, list[int]]:
     return seconds, out[0, len(ids):].tolist()
 
 
-def agreement(ours: list[int], theirs: list[int]) -> str:
-    """'yes' when the token lists are equal, else where they first differ."""
+def agreement(ours: list[int], theirs: list[int], stop_ids: list[int] = ()) -> str:
+    """'yes' when the token lists are equal, 'to end N' when they are equal until our N-th token
+    is an end-of-turn token (HF, made to generate exactly n tokens with `min_new_tokens`, may not
+    pick one, so it continues elsewhere), else 'until N', where they first differ."""
     for i, (a, b) in enumerate(zip(ours, theirs)):
         if a != b:
-            return f"until {i}"
+            return f"to end {i}" if a in stop_ids else f"until {i}"
     return "yes" if len(ours) == len(theirs) else f"until {min(len(ours), len(theirs))}"
 
 
-def floor_columns(model, step_s: float, floor_s: float, batch: int, context: int) -> str:
-    """'step ms, floor ms, step/floor, GB/s, of copy', the copy bandwidth measured now."""
-    bandwidth = measure.copy_bandwidth(seconds=0.5)
+def floor_columns(model, step_s: float, floor_s: float, batch: int, context: int,
+                  bandwidth: float) -> str:
+    """'step ms, floor ms, step/floor, GB/s, of copy' against `bandwidth` (bytes/s of a copy)."""
     achieved = step_bytes(model, context, batch) / step_s
     return (f"{step_s * 1e3:8.1f} {floor_s * 1e3:9.1f} {step_s / floor_s:10.2f}x "
             f"{achieved / 1e9:6.1f} {achieved / bandwidth:8.0%}")
 
 
+def copy_sample() -> float:
+    """One copy-bandwidth measurement (bytes/s, ~0.2 s); rows take one per run, like the floor: a
+    shared machine's bandwidth drifts by tens of percent within a minute."""
+    return measure.copy_bandwidth(seconds=0.2)
+
+
 def floor_sample(model, batch: int, context: int) -> float:
     """One floor measurement (median of 3); rows take several, between their runs, so that
-    the floor and the steps it is compared with see the same load."""
+    the floor and the steps it is compared with see the same load. A batch-1 step that runs
+    natively has the native floor: the same reads in one call (`native_step.stream_weights`)."""
+    if batch == 1 and native_step.runs(model):
+        cache = model.new_cache(batch=1, max_len=context)
+        cache.filled(context)
+        return measure.median_seconds(lambda: native_step.stream_weights(model, cache), 3)
     inputs = floor_inputs(model, batch, context)
     return measure.median_seconds(lambda: floor_step(model, inputs), 3)
 
@@ -75,8 +90,8 @@ def floor_sample(model, batch: int, context: int) -> float:
 FLOOR_HEADER = f"{'step ms':>8} {'floor ms':>9} {'step/floor':>11} {'GB/s':>6} {'of copy':>8}"
 
 
-def batch1_rows(model, hf, ids: list[int], token_counts: list[int], naive_max: int,
-                repeats: int) -> dict[int, float]:
+def batch1_rows(model, hf, ids: list[int], stop_ids: list[int], token_counts: list[int],
+                naive_max: int, repeats: int) -> dict[int, float]:
     """Print the batch-1 table; return our cached tokens/s per token count."""
     header = (f"{'new':>5} {'naive tok/s':>12} {'cached tok/s':>13} {'HF tok/s':>9} "
               f"{'cached/HF':>10} {'same as HF':>11} {FLOOR_HEADER}")
@@ -84,20 +99,21 @@ def batch1_rows(model, hf, ids: list[int], token_counts: list[int], naive_max: i
     speeds = {}
     for n in token_counts:
         naive = time_ours(model, ids, n, False)[0] if n <= naive_max else None
-        cached, theirs, steps, floors = [], [], [], []
+        cached, theirs, steps, floors, copies = [], [], [], [], []
         for _ in range(repeats):  # interleaved, so a burst of load hits every column
             seconds, ours_out, stats = time_ours(model, ids, n, True)
             cached.append(seconds)
             steps.extend(stats.step_seconds)
             floors.append(floor_sample(model, 1, len(ids) + n // 2))
+            copies.append(copy_sample())
             hf_seconds, hf_out = time_hf(hf, ids, n)
             theirs.append(hf_seconds)
         cached_s, hf_s = statistics.median(cached), statistics.median(theirs)
         speeds[n] = n / cached_s
         naive_cell = f"{n / naive:12.1f}" if naive else f"{'(skipped)':>12}"
         print(f"{n:>5} {naive_cell} {n / cached_s:13.1f} {n / hf_s:9.1f} {hf_s / cached_s:9.2f}x "
-              f"{agreement(ours_out, hf_out):>11} "
-              f"{floor_columns(model, statistics.median(steps), statistics.median(floors), 1, len(ids) + n // 2)}",
+              f"{agreement(ours_out, hf_out, stop_ids):>11} "
+              f"{floor_columns(model, statistics.median(steps), statistics.median(floors), 1, len(ids) + n // 2, statistics.median(copies))}",
               flush=True)
     return speeds
 
@@ -107,13 +123,14 @@ def batched_rows(model, ids: list[int], batches: list[int], n: int, repeats: int
     header = f"{'batch':>5} {'new':>5} {'tok/s (all seqs)':>17} {FLOOR_HEADER}"
     print(header + "\n" + "-" * len(header))
     for batch in batches:
-        steps, floors = [], []
+        steps, floors, copies = [], [], []
         for _ in range(repeats):
             steps.extend(batched_decode(model, ids, batch, n)[0])
             floors.append(floor_sample(model, batch, len(ids) + n // 2))
+            copies.append(copy_sample())
         step_s = statistics.median(steps)
         print(f"{batch:>5} {n:>5} {batch / step_s:17.1f} "
-              f"{floor_columns(model, step_s, statistics.median(floors), batch, len(ids) + n // 2)}",
+              f"{floor_columns(model, step_s, statistics.median(floors), batch, len(ids) + n // 2, statistics.median(copies))}",
               flush=True)
 
 
@@ -131,13 +148,16 @@ def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repea
           f"HF {n / theirs:.1f} tok/s", flush=True)
 
 
-def one_row_note() -> str:
-    """The one-row path the race chose, the file it lives in, and why the native GEMV is missing
-    when it is (e.g. 'native (reference/native_gemv.c)')."""
+def one_row_note(model) -> str:
+    """How a batch-1 step runs: natively in one call (reference/native_step.c), or through the
+    model's operators with the one-row path the race chose, the file it lives in, and why the
+    native code is missing when it is."""
+    if native_step.runs(model):
+        return "native step (reference/native_step.c)"
     path = cpu_linear.one_row_path()
     where = "reference/native_gemv.c" if path == "native" else "reference/cpu_linear.py"
-    missing = "" if native_gemv.available() else f"; native GEMV {native_gemv.describe()}"
-    return f"{path} ({where}{missing})"
+    missing = "" if native_gemv.available() else f"; native code {native_gemv.describe()}"
+    return f"torch operators, one-row products {path} ({where}{missing})"
 
 
 def run(args: argparse.Namespace) -> None:
@@ -146,11 +166,11 @@ def run(args: argparse.Namespace) -> None:
     hf = load_hf_peer()
     ids = tok.chat_ids(PROMPT)
     print(f"threads: {threads} ({'--threads' if args.threads else 'free cores'}), OpenMP wait "
-          f"policy: {wait_policy()}   one-row products: {one_row_note()}   prompt: {len(ids)} "
+          f"policy: {wait_policy()}   batch-1 steps: {one_row_note(model)}   prompt: {len(ids)} "
           f"tokens   weights: "
           f"{model.weight_bytes() / 2**20:.0f} MiB {str(model.embed.weight.dtype).removeprefix('torch.')}\n")
     time_ours(model, ids, 4, True), time_hf(hf, ids, 4)  # warm-up: allocator, thread pool
-    speeds = batch1_rows(model, hf, ids, args.tokens, args.naive_max, args.repeats)
+    speeds = batch1_rows(model, hf, ids, tok.stop_ids, args.tokens, args.naive_max, args.repeats)
     if args.batch:
         print()
         batched_rows(model, ids, args.batch, args.batch_tokens, args.repeats)
@@ -160,7 +180,8 @@ def run(args: argparse.Namespace) -> None:
     print("\ntok/s = new tokens / wall time of the whole call (prefill included), median of "
           "--repeats runs; step ms = median decode step; floor = the same matmuls alone; "
           "GB/s = bytes a step must read (weights + K/V at mid-generation) / step time; "
-          "'of copy' = against a large copy measured beside the row.")
+          "'of copy' = against the median of copies of 128 MiB measured between the runs; 'same as HF': "
+          "'to end N' = equal until our N-th token ends the turn (HF is made to go on).")
 
 
 

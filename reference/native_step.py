@@ -1,0 +1,159 @@
+"""A batch-1 decode step in one native call: the step at the speed of its weight reads.
+
+Why: a decode step of one sequence must read every weight once (SmolLM2-135M: 538 MB in float32),
+and on a CPU that read is all it needs to cost. `Llama.forward` gets the matrix products there
+(reference/native_gemv.py), but runs ~450 small operators between them (norms, RoPE, cache
+writes, attention, SiLU, residual adds: each a dispatch, an allocation and a pass over a few KB),
+and 121 products each pay a call and a fork/join of the threads. Together these cost a quarter
+of a step. `reference/native_step.c` does the same arithmetic in one OpenMP region per step: the
+threads run the whole step, meeting at barriers only where one thread's output feeds another's.
+
+`Llama.forward` takes this path by itself when it is serving what it serves, and `serves` says
+when: one new token for one sequence over a `KVCache`, float32 on the CPU, the default "sdpa"
+attention, no custom mask, positions, layer limit or logit rows, and the library built (see
+native_gemv: a C compiler, not switched off by REFERENCE_NATIVE_GEMV=0). Otherwise, and always
+where REFERENCE_NATIVE_STEP=0, the torch operators run: the same arithmetic, so the same logits up
+to float rounding (tests/test_native_step.py holds both to a float64 run of the model).
+"""
+from __future__ import annotations
+
+import ctypes
+import operator
+import os
+import threading
+import weakref
+
+import torch
+from torch import Tensor
+
+from reference import native_gemv
+from reference.kv_cache import KVCache
+
+_enabled = os.environ.get("REFERENCE_NATIVE_STEP", "1") != "0"
+
+# model -> (the modules read, their weights, the weights' data pointers, the ctypes table of them).
+_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_scratch = threading.local()
+
+
+def enabled() -> bool:
+    """Whether `Llama.forward` may take this path (REFERENCE_NATIVE_STEP / `set_enabled`)."""
+    return _enabled
+
+
+def set_enabled(on: bool) -> bool:
+    """Switch the native step on or off for the whole process; returns the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, bool(on)
+    return previous
+
+
+def serves(model, input_ids: Tensor, positions, cache, context, num_layers, logits_rows, mask) -> bool:
+    """Whether `model.forward` with these arguments is a step `decode_step` runs (cheapest checks first)."""
+    return (_enabled and context is None and positions is None and num_layers is None
+            and logits_rows is None and mask is None and type(cache) is KVCache
+            and input_ids.shape == (1, 1) and cache.k.shape[1] == 1
+            and cache.k.dtype == torch.float32 and cache.k.is_cpu and runs(model))
+
+
+def runs(model) -> bool:
+    """Whether this model's batch-1 decode steps take the native path: float32 weights on the CPU,
+    the default attention backend, the switch on and the library built."""
+    weight = model.embed.weight
+    return (_enabled and weight.dtype == torch.float32 and weight.is_cpu
+            and model.attention_backend == "sdpa" and native_gemv.available())
+
+
+def decode_step(model, input_ids: Tensor, cache: KVCache) -> Tensor:
+    """Logits [1, 1, vocab] for input_ids [1, 1] at position cache.length; the token's keys and
+    values are written there in every layer, as `Llama.forward` writes them."""
+    position = cache.length
+    if position >= cache.max_len:
+        raise ValueError(f"KV cache full: {position} + 1 tokens exceed max_len={cache.max_len}")
+    if position >= model.rope_turns.shape[0]:
+        raise ValueError(f"position {position} is past the model's context window of {model.rope_turns.shape[0]}")
+    token = int(input_ids)
+    cfg = model.config
+    if not 0 <= token < cfg.vocab_size:
+        raise IndexError(f"token id {token} is outside the vocabulary of {cfg.vocab_size}")
+    shape, layers, embed, final_norm = _table(model, cache)
+    threads = torch.get_num_threads()
+    lib = native_gemv._library()
+    work = _work(lib.step_work_floats(shape, threads))
+    logits = torch.empty(1, 1, cfg.vocab_size)
+    turns = model.rope_turns[position]                                   # [1, head_dim / 2, 2]
+    lib.decode_step(shape, token, position, embed, layers, final_norm, turns.data_ptr(),
+                    cache.k.data_ptr(), cache.v.data_ptr(), model.norm.eps, work.data_ptr(),
+                    logits.data_ptr(), threads)
+    cache.filled(position + 1)
+    return logits
+
+
+def stream_weights(model, cache: KVCache) -> None:
+    """The floor of a native step after the cache's positions: every weight matrix and the cached
+    K/V at positions [0, cache.length) read as `decode_step` reads them (same split over the
+    threads, same barriers), with none of the step's other work (native_step.c's `stream_step`).
+    Writes nothing the model or the cache holds."""
+    if not 1 <= cache.length <= cache.max_len:
+        raise ValueError(f"need a cache holding 1 to max_len={cache.max_len} positions, got {cache.length}")
+    shape, layers, embed, _ = _table(model, cache)
+    threads = torch.get_num_threads()
+    lib = native_gemv._library()
+    work = _work(lib.step_work_floats(shape, threads))
+    lib.stream_step(shape, cache.length - 1, embed, layers, cache.k.data_ptr(), cache.v.data_ptr(),
+                    work.data_ptr(), threads)
+
+
+def _work(floats: int) -> Tensor:
+    """This thread's scratch buffer for the C step, at least `floats` long: kept between steps
+    (a fresh one would be fresh pages from the kernel, zeroed at every step)."""
+    work = getattr(_scratch, "work", None)
+    if work is None or work.numel() < floats:
+        work = _scratch.work = torch.empty(floats)
+    return work
+
+
+def _weight_modules(model) -> list:
+    """The modules whose `weight` the C step reads: per block, in native_step.c's order, attention
+    norm, QKV, output projection, MLP norm, gate/up, down; then the embedding and the final norm."""
+    return [module for block in model.blocks for module in (
+        block.attn_norm, block.attn.qkv_proj, block.attn.o_proj,
+        block.mlp_norm, block.mlp.gate_up_proj, block.mlp.down_proj)] + [model.embed, model.norm]
+
+
+def _table(model, cache: KVCache):
+    """(the shape array, the table of the blocks' weight pointers, the embedding's pointer, the
+    final norm's pointer) for the C step.
+
+    Kept per model and checked at every step (~20 us): each module still holds the same weight
+    object at the same address. A weight replaced (a new Parameter, `.to`, `.data =`) rebuilds the
+    table, after checking the layouts the C code reads."""
+    cfg = model.config
+    sizes = (ctypes.c_long * 8)(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
+                                cfg.head_dim, cfg.d_ff, cfg.vocab_size, cache.max_len)
+    hit = _tables.get(model)
+    if hit is not None:
+        modules, weights, pointers, table = hit
+        now = [module._parameters["weight"] for module in modules]
+        if all(map(operator.is_, now, weights)) and [w.data_ptr() for w in now] == pointers:
+            return sizes, table, pointers[-2], pointers[-1]
+    modules = _weight_modules(model)
+    weights = [module._parameters["weight"] for module in modules]
+    _check_layouts(model, weights)
+    pointers = [w.data_ptr() for w in weights]
+    table = (ctypes.c_void_p * (len(pointers) - 2))(*pointers[:-2])
+    _tables[model] = (modules, weights, pointers, table)
+    return sizes, table, pointers[-2], pointers[-1]
+
+
+def _check_layouts(model, weights: list[Tensor]) -> None:
+    blocks, (embed, final_norm) = weights[:-2], weights[-2:]
+    products = [w for i, w in enumerate(blocks) if i % 6 not in (0, 3)] + [embed]
+    norms = [w for i, w in enumerate(blocks) if i % 6 in (0, 3)] + [final_norm]
+    if not all(native_gemv.input_major(w) and w.dtype == torch.float32 for w in products):
+        raise ValueError("the native step reads weight matrices stored input-major in float32 "
+                         "(Llama._store_weights_input_major)")
+    if not all(w.is_contiguous() and w.dtype == torch.float32 for w in norms):
+        raise ValueError("the native step reads contiguous float32 norm weights")
+    if not (model.rope_turns.is_contiguous() and model.rope_turns.dtype == torch.float32):
+        raise ValueError("the native step reads a contiguous float32 RoPE table")

@@ -1,0 +1,179 @@
+"""reference.native_step: a batch-1 decode step in one native call equals the model's own
+operators run in float64, writes the cache as they do, serves only the steps it should, and fails
+as they do on a full cache or a bad token."""
+import copy
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+from torch import nn
+
+from reference import native_gemv, native_step
+from reference.decoding import generate
+from reference.model import TINY, Llama, ModelConfig, build_tiny
+from test_cpu_linear import relative_error
+
+pytestmark = pytest.mark.skipif(not native_gemv.available(),
+                                reason=f"native code not built here: {native_gemv.describe()}")
+
+# Sizes that are no multiple of anything the C code groups by (8 or 16 rows, 16 lanes), one K/V head.
+ODD = ModelConfig(vocab_size=97, d_model=40, n_layers=3, n_heads=5, n_kv_heads=1, head_dim=8,
+                  d_ff=72, rope_base=10000.0, max_seq_len=64)
+
+
+def random_model(cfg: ModelConfig, seed: int) -> Llama:
+    gen = torch.Generator().manual_seed(seed)
+    model = Llama(cfg)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            base = 1.0 if name.endswith("norm.weight") else 0.0
+            p.copy_(base + torch.randn(p.shape, generator=gen) / p.shape[-1] ** 0.5)
+    return model.eval()
+
+
+@pytest.fixture
+def native_calls(monkeypatch):
+    """A list that gets one entry per step `Llama.forward` hands to the native code."""
+    calls, real = [], native_step.decode_step
+    monkeypatch.setattr(native_step, "decode_step", lambda *a: calls.append(a) or real(*a))
+    return calls
+
+
+@pytest.fixture
+def threads(request):
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@pytest.mark.parametrize("cfg", [TINY, ODD], ids=["tiny", "odd"])
+def test_steps_equal_the_operators_in_float64(native_calls, threads, cfg):
+    model = random_model(cfg, seed=threads)
+    model64 = copy.deepcopy(model).double()               # float64 never takes the native path
+    prompt = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(1))
+    cache, cache64 = model.new_cache(1, 20), model64.new_cache(1, 20)
+    model(prompt, cache=cache), model64(prompt, cache=cache64)
+    for step, token in enumerate(torch.randint(0, cfg.vocab_size, (9,)).tolist()):
+        got = model(torch.tensor([[token]]), cache=cache)
+        want = model64(torch.tensor([[token]]), cache=cache64)
+        assert got.shape == want.shape == (1, 1, cfg.vocab_size) and got.dtype == torch.float32
+        assert relative_error(got, want) < 1e-5, f"logits differ at step {step}"
+        assert cache.length == cache64.length == 8 + step
+    assert len(native_calls) == 9
+    n = cache.length
+    for name in ("k", "v"):
+        assert relative_error(getattr(cache, name)[..., :n, :], getattr(cache64, name)[..., :n, :]) < 1e-5
+        assert not getattr(cache, name)[..., n:, :].any(), "wrote past the new position"
+
+
+def test_thread_count_may_change_between_steps(native_calls):
+    model = build_tiny(seed=3)
+    model64 = copy.deepcopy(model).double()
+    cache, cache64 = model.new_cache(1, 16), model64.new_cache(1, 16)
+    model(torch.tensor([[1, 2, 3]]), cache=cache), model64(torch.tensor([[1, 2, 3]]), cache=cache64)
+    before = torch.get_num_threads()
+    try:
+        for threads in (3, 1, 2, 4):
+            torch.set_num_threads(threads)
+            token = torch.tensor([[threads * 11]])
+            assert relative_error(model(token, cache=cache), model64(token, cache=cache64)) < 1e-5
+    finally:
+        torch.set_num_threads(before)
+    assert len(native_calls) == 4
+
+
+def test_greedy_tokens_equal_the_operators_on_smollm2(real_model, native_calls):
+    model, tok = real_model
+    prompt = tok.chat_ids("Name three primary colours.")
+    native = generate(model, prompt, 24)
+    assert len(native_calls) == 23                          # every step after the prefill
+    previous = native_step.set_enabled(False)
+    try:
+        operators = generate(model, prompt, 24)
+    finally:
+        native_step.set_enabled(previous)
+    assert native == operators
+
+
+def test_steps_it_does_not_serve_take_the_operators(native_calls):
+    model = build_tiny(seed=4)
+    token = torch.tensor([[5]])
+
+    def prefilled(batch=1):
+        cache = model.new_cache(batch, 32)
+        model(torch.tensor([[1, 2, 3]] * batch), cache=cache)
+        return cache
+
+    model(token, cache=prefilled(), positions=torch.tensor([3]))             # written by position
+    model(token, cache=prefilled(), num_layers=1)                            # a self-draft
+    model(token, cache=prefilled(), logits_rows=torch.tensor([0]))
+    model(token, cache=prefilled(), mask=torch.ones(1, 4, dtype=torch.bool))
+    model(torch.tensor([[5, 6]]), cache=prefilled())                         # two positions
+    model(token)                                                             # no cache
+    model(torch.tensor([[5], [6]]), cache=prefilled(batch=2))                # two sequences
+    model.attention_backend = "naive"
+    model(token, cache=prefilled())
+    model.attention_backend = "sdpa"
+    previous = native_step.set_enabled(False)
+    model(token, cache=prefilled())
+    native_step.set_enabled(previous)
+    assert native_calls == []
+    model(token, cache=prefilled())
+    assert len(native_calls) == 1
+
+
+def test_the_environment_switch_turns_it_off():
+    code = "from reference import native_step; print(native_step.enabled())"
+    env = {**os.environ, "REFERENCE_NATIVE_STEP": "0"}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_full_cache_a_bad_token_and_a_foreign_layout_are_clear_errors():
+    model = build_tiny(seed=5)
+    cache = model.new_cache(1, 4)
+    model(torch.tensor([[1, 2, 3, 4]]), cache=cache)
+    with pytest.raises(ValueError, match="KV cache full"):
+        model(torch.tensor([[5]]), cache=cache)
+    cache.truncate(3)
+    with pytest.raises(IndexError, match="outside the vocabulary"):
+        model(torch.tensor([[TINY.vocab_size]]), cache=cache)
+    assert cache.length == 3, "a refused step must leave the cache as it was"
+    with torch.no_grad():                                # row-major: not the layout the C code reads
+        block = model.blocks[0].mlp.down_proj
+        block.weight = nn.Parameter(block.weight.detach().contiguous())
+    with pytest.raises(ValueError, match="input-major"):
+        model(torch.tensor([[5]]), cache=cache)
+
+
+def test_a_replaced_weight_is_read_from_its_new_buffer(native_calls):
+    model = build_tiny(seed=6)
+    token = torch.tensor([[7]])
+    cache = model.new_cache(1, 8)
+    model(torch.tensor([[1, 2]]), cache=cache)
+    model(token, cache=cache)                            # the table of weights is built here
+    with torch.no_grad():
+        qkv = model.blocks[1].attn.qkv_proj
+        qkv.weight = nn.Parameter((2 * qkv.weight.detach()).t().contiguous().t())   # input-major
+    model64 = copy.deepcopy(model).double()
+    cache, cache64 = model.new_cache(1, 8), model64.new_cache(1, 8)
+    model(torch.tensor([[1, 2]]), cache=cache), model64(torch.tensor([[1, 2]]), cache=cache64)
+    assert relative_error(model(token, cache=cache), model64(token, cache=cache64)) < 1e-5
+    assert len(native_calls) == 2
+
+
+def test_the_floor_reads_and_writes_nothing_the_model_holds():
+    model = build_tiny(seed=7)
+    cache = model.new_cache(1, 8)
+    model(torch.tensor([[1, 2, 3]]), cache=cache)
+    k, v = cache.k.clone(), cache.v.clone()
+    state = {name: p.clone() for name, p in model.state_dict().items()}
+    native_step.stream_weights(model, cache)
+    assert torch.equal(cache.k, k) and torch.equal(cache.v, v) and cache.length == 3
+    assert all(torch.equal(p, state[name]) for name, p in model.state_dict().items())
+    with pytest.raises(ValueError, match="1 to max_len"):
+        native_step.stream_weights(model, model.new_cache(1, 8))
