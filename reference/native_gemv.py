@@ -23,8 +23,10 @@ load). It is called through ctypes (which releases the GIL) with the tensors' da
 ~4 us a call at 1 thread, ~6 at 2, where `F.linear` costs ~2.6 (two Python threads, one C call
 each, were 1.8x slower than OpenMP).
 
-Where there is no compiler, the build fails, or REFERENCE_NATIVE_GEMV=0, `available()` is False and
-`reference.cpu_linear` races only torch's paths, which give the same numbers up to float rounding.
+The same library holds the batch-1 decode step built on this GEMV (reference/native_step.c, one
+call per step). Where there is no compiler, the build fails, or REFERENCE_NATIVE_GEMV=0,
+`available()` is False: `reference.cpu_linear` races only torch's paths and the model runs its
+steps with torch's operators, which give the same numbers up to float rounding.
 """
 from __future__ import annotations
 

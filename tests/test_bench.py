@@ -8,6 +8,7 @@ import sys
 import pytest
 import torch
 
+from reference import native_gemv
 from reference.bench import decode, measure
 from reference.decoding import generate
 from reference.model import build_tiny
@@ -71,6 +72,15 @@ def test_bench_decode_prints_every_section():
     assert out.returncode == 0, out.stderr[-2000:]
     for column in ("step/floor", "of copy", "cached/HF", "tok/s (all seqs)", "threads chosen under load"):
         assert column in out.stdout, out.stdout
+    if native_gemv.available():
+        assert "batch-1 steps: native step" in out.stdout and "through torch's operators" in out.stdout
+
+
+def test_agreement_names_where_the_texts_part_and_why():
+    assert decode.agreement([1, 2, 3], [1, 2, 3]) == "yes"
+    assert decode.agreement([1, 2, 3], [1, 5, 3]) == "until 1"
+    assert decode.agreement([1, 0, 3], [1, 5, 3], stop_ids=[0]) == "to end 1"   # HF made to go on
+    assert decode.agreement([1, 2], [1, 2, 3]) == "until 2"
 
 
 def test_pass_benchmark_times_every_implementation_and_predicts_from_the_roofline():

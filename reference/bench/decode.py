@@ -118,6 +118,23 @@ def batch1_rows(model, hf, ids: list[int], stop_ids: list[int], token_counts: li
     return speeds
 
 
+def operators_row(model, ids: list[int], n: int, repeats: int) -> None:
+    """Where batch-1 steps run natively: the same generation through the model's torch operators
+    (`native_step` switched off), interleaved with native runs; one line, step times side by side."""
+    native, operators = [], []
+    for _ in range(repeats):
+        for steps, on in ((native, True), (operators, False)):
+            previous = native_step.set_enabled(on)
+            try:
+                steps.extend(time_ours(model, ids, n, True)[2].step_seconds)
+            finally:
+                native_step.set_enabled(previous)
+    native_s, operators_s = statistics.median(native), statistics.median(operators)
+    print(f"the same {n}-token generations through torch's operators (REFERENCE_NATIVE_STEP=0), "
+          f"interleaved: step {operators_s * 1e3:.1f} ms against {native_s * 1e3:.1f} ms natively "
+          f"({operators_s / native_s:.2f}x)", flush=True)
+
+
 def batched_rows(model, ids: list[int], batches: list[int], n: int, repeats: int) -> None:
     """Print tokens/s and achieved bandwidth of batched greedy decode."""
     header = f"{'batch':>5} {'new':>5} {'tok/s (all seqs)':>17} {FLOOR_HEADER}"
@@ -171,6 +188,8 @@ def run(args: argparse.Namespace) -> None:
           f"{model.weight_bytes() / 2**20:.0f} MiB {str(model.embed.weight.dtype).removeprefix('torch.')}\n")
     time_ours(model, ids, 4, True), time_hf(hf, ids, 4)  # warm-up: allocator, thread pool
     speeds = batch1_rows(model, hf, ids, tok.stop_ids, args.tokens, args.naive_max, args.repeats)
+    if native_step.runs(model):
+        operators_row(model, ids, args.tokens[0], args.repeats)
     if args.batch:
         print()
         batched_rows(model, ids, args.batch, args.batch_tokens, args.repeats)
