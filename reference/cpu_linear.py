@@ -26,7 +26,9 @@ None of these reads as fast as `sum`; where a C compiler is present the race has
 candidate that comes closer, `native_gemv` (a short loop in C, built at first use): on the same
 machine 79-90% of `sum`'s speed against the split's 66-72%, a decode step 0.80-0.84x the split's
 time at 2 threads and 0.82-0.87x BLAS's at 1. Without a compiler the race runs as before, and
-every path gives the same numbers up to float rounding.
+every path gives the same numbers up to float rounding. (Where the native code is built, a
+model's batch-1 decode step does not come here at all: `reference.native_step` runs the whole
+step, products included, in one call.)
 
 `PackedLinear` packs each weight once (the first time it is used, again whenever the weight
 changes) into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which
