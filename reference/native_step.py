@@ -27,6 +27,7 @@ import weakref
 
 import torch
 from torch import Tensor
+from torch.nn.modules import module as module_hooks
 
 from reference import native_gemv
 from reference.kv_cache import KVCache
@@ -36,6 +37,9 @@ _enabled = os.environ.get("REFERENCE_NATIVE_STEP", "1") != "0"
 # model -> (the modules read, their weights, the weights' data pointers, the ctypes table of them).
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _scratch = threading.local()
+# model -> the forward hook and pre-hook dicts of every module inside it (its structure is fixed once built).
+_hook_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_APPEND = KVCache.append
 
 
 def enabled() -> bool:
@@ -51,11 +55,15 @@ def set_enabled(on: bool) -> bool:
 
 
 def serves(model, input_ids: Tensor, positions, cache, context, num_layers, logits_rows, mask) -> bool:
-    """Whether `model.forward` with these arguments is a step `decode_step` runs (cheapest checks first)."""
+    """Whether `model.forward` with these arguments is a step `decode_step` runs (cheapest checks
+    first). Not where someone watches the operators it would skip: a cache whose `append` was
+    replaced (chapter 02 records what attention sees that way), or a hook on any module inside
+    the model (on the model itself a hook still runs: its forward is still called)."""
     return (_enabled and context is None and positions is None and num_layers is None
             and logits_rows is None and mask is None and type(cache) is KVCache
             and input_ids.shape == (1, 1) and cache.k.shape[1] == 1
-            and cache.k.dtype == torch.float32 and cache.k.is_cpu and runs(model))
+            and cache.k.dtype == torch.float32 and cache.k.is_cpu and runs(model)
+            and KVCache.append is _APPEND and "append" not in vars(cache) and not _hooked(model))
 
 
 def runs(model) -> bool:
@@ -104,6 +112,15 @@ def stream_weights(model, cache: KVCache) -> None:
     work = _work(lib.step_work_floats(shape, threads))
     lib.stream_step(shape, cache.length - 1, embed, layers, cache.k.data_ptr(), cache.v.data_ptr(),
                     work.data_ptr(), threads)
+
+
+def _hooked(model) -> bool:
+    """Whether any module inside the model has a forward hook or pre-hook, or a global one is set."""
+    hooks = _hook_tables.get(model)
+    if hooks is None:  # each module keeps its hook dicts for life (registering adds to them)
+        inner = list(model.modules())[1:]
+        hooks = _hook_tables[model] = [m._forward_hooks for m in inner] + [m._forward_pre_hooks for m in inner]
+    return bool(any(hooks) or module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks)
 
 
 def _work(floats: int) -> Tensor:

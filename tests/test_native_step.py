@@ -12,6 +12,7 @@ from torch import nn
 
 from reference import native_gemv, native_step
 from reference.decoding import generate
+from reference.kv_cache import KVCache
 from reference.model import TINY, Llama, ModelConfig, build_tiny
 from test_cpu_linear import relative_error
 
@@ -124,6 +125,29 @@ def test_steps_it_does_not_serve_take_the_operators(native_calls):
     assert native_calls == []
     model(token, cache=prefilled())
     assert len(native_calls) == 1
+
+
+def test_what_someone_watches_runs_as_operators(native_calls, monkeypatch):
+    """A hook inside the model, or a cache whose append records, sees the operators it watches."""
+    model = build_tiny(seed=8)
+    cache = model.new_cache(1, 16)
+    model(torch.tensor([[1, 2, 3]]), cache=cache)
+    seen = []
+    handle = model.blocks[1].attn.o_proj.register_forward_hook(lambda m, inp, out: seen.append(out.shape))
+    model(torch.tensor([[4]]), cache=cache)
+    handle.remove()
+    assert seen == [(1, 1, TINY.d_model)] and native_calls == []
+    plain = cache.append
+    cache.append = lambda layer, k, v: seen.append(k.shape) or plain(layer, k, v)
+    model(torch.tensor([[5]]), cache=cache)
+    del cache.append
+    assert seen[1:] == [(1, TINY.n_kv_heads, 1, TINY.head_dim)] * TINY.n_layers and native_calls == []
+    with monkeypatch.context() as patch:
+        patch.setattr(KVCache, "append", lambda self, *a: seen.append("class") or plain.__func__(self, *a))
+        model(torch.tensor([[6]]), cache=cache)
+    assert seen[-1] == "class" and native_calls == []
+    model(torch.tensor([[7]]), cache=cache)
+    assert len(native_calls) == 1 and cache.length == 7
 
 
 def test_the_environment_switch_turns_it_off():
