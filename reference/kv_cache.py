@@ -44,6 +44,11 @@ class KVCache:
         n = self._lengths[layer]
         return self.k[layer, :, :, :n], self.v[layer, :, :, :n]
 
+    def aligned(self) -> bool:
+        """Whether every layer holds the same number of tokens (a self-draft through the first
+        layers only leaves the cache unaligned until it is truncated)."""
+        return self._lengths.count(self._lengths[-1]) == len(self._lengths)
+
     def filled(self, n: int) -> None:
         """Record that every layer now holds positions < n, written into k and v in place by
         someone else (reference.native_step writes a decode step's keys and values itself)."""

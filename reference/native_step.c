@@ -1,6 +1,6 @@
 /* One decode step of the Llama model (reference/model.py) for one sequence and one new token, in
  * a single OpenMP region: the same arithmetic as `Llama.forward` on a contiguous KV cache, with
- * the ~450 small torch operators between the matrix products (norms, RoPE, the cache writes,
+ * the hundreds of small torch operators between the matrix products (norms, RoPE, the cache writes,
  * attention, SiLU, residual adds) replaced by loops the threads run between barriers. Built with
  * native_gemv.c (`gemv_partial` streams each weight matrix) and called by
  * reference/native_step.py, which says when and why.

@@ -61,9 +61,15 @@ def serves(model, input_ids: Tensor, positions, cache, context, num_layers, logi
     the model (on the model itself a hook still runs: its forward is still called)."""
     return (_enabled and context is None and positions is None and num_layers is None
             and logits_rows is None and mask is None and type(cache) is KVCache
-            and input_ids.shape == (1, 1) and cache.k.shape[1] == 1
+            and input_ids.shape == (1, 1) and not input_ids.is_floating_point()
             and cache.k.dtype == torch.float32 and cache.k.is_cpu and runs(model)
+            and cache.k.shape == _cache_shape(model.config, cache.max_len) and cache.aligned()
             and KVCache.append is _APPEND and "append" not in vars(cache) and not _hooked(model))
+
+
+def _cache_shape(cfg, max_len: int) -> tuple[int, ...]:
+    """The K (and V) shape of a one-sequence cache for this model, as native_step.c indexes it."""
+    return (cfg.n_layers, 1, cfg.n_kv_heads, max_len, cfg.head_dim)
 
 
 def runs(model) -> bool:

@@ -116,6 +116,12 @@ def test_steps_it_does_not_serve_take_the_operators(native_calls):
     model(torch.tensor([[5, 6]]), cache=prefilled())                         # two positions
     model(token)                                                             # no cache
     model(torch.tensor([[5], [6]]), cache=prefilled(batch=2))                # two sequences
+    unaligned = prefilled()
+    model(token, cache=unaligned, num_layers=1)                              # layer 0 is ahead
+    model(token, cache=unaligned)
+    shallow = KVCache(1, 1, TINY.n_kv_heads, 8, TINY.head_dim)              # another model's depth
+    with pytest.raises(IndexError):
+        model(token, cache=shallow)
     model.attention_backend = "naive"
     model(token, cache=prefilled())
     model.attention_backend = "sdpa"
