@@ -44,7 +44,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-# This GEMV and the decode step built on it (reference/native_step.py), compiled into one library.
+# This GEMV and the decode step built on it (native_step.c), compiled into one library.
 SOURCES = [Path(__file__).with_name(name) for name in ("native_gemv.c", "native_step.c")]
 FLAGS = ["-O3", "-march=native", "-fPIC", "-fopenmp"]
 
@@ -125,8 +125,8 @@ def _build() -> Path:
     version = subprocess.run([executable, "--version"], capture_output=True, text=True,
                              timeout=30, check=True).stdout
     key = hashlib.sha256(b"\0".join(
-        [*(source.read_bytes() for source in SOURCES), executable.encode(), version.encode(), " ".join(FLAGS).encode(),
-         str(runtime).encode(), _cpu_identity().encode()])).hexdigest()[:16]
+        [*(source.read_bytes() for source in SOURCES), executable.encode(), version.encode(),
+         " ".join(FLAGS).encode(), str(runtime).encode(), _cpu_identity().encode()])).hexdigest()[:16]
     directory = _cache_dir()
     library = directory / f"native_gemv-{key}.so"
     if library.exists():
