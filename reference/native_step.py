@@ -87,7 +87,8 @@ def decode_step(model, input_ids: Tensor, cache: KVCache) -> Tensor:
     if position >= cache.max_len:
         raise ValueError(f"KV cache full: {position} + 1 tokens exceed max_len={cache.max_len}")
     if position >= model.rope_turns.shape[0]:
-        raise ValueError(f"position {position} is past the model's context window of {model.rope_turns.shape[0]}")
+        raise ValueError(f"position {position} is past the model's context window of "
+                         f"{model.rope_turns.shape[0]}")
     token = int(input_ids)
     cfg = model.config
     if not 0 <= token < cfg.vocab_size:
@@ -125,8 +126,10 @@ def _hooked(model) -> bool:
     hooks = _hook_tables.get(model)
     if hooks is None:  # each module keeps its hook dicts for life (registering adds to them)
         inner = list(model.modules())[1:]
-        hooks = _hook_tables[model] = [m._forward_hooks for m in inner] + [m._forward_pre_hooks for m in inner]
-    return bool(any(hooks) or module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks)
+        hooks = [m._forward_hooks for m in inner] + [m._forward_pre_hooks for m in inner]
+        _hook_tables[model] = hooks
+    return bool(any(hooks) or module_hooks._global_forward_hooks
+                or module_hooks._global_forward_pre_hooks)
 
 
 def _work(floats: int) -> Tensor:

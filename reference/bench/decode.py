@@ -100,21 +100,22 @@ def batch1_rows(model, hf, ids: list[int], stop_ids: list[int], token_counts: li
     for n in token_counts:
         naive = time_ours(model, ids, n, False)[0] if n <= naive_max else None
         cached, theirs, steps, floors, copies = [], [], [], [], []
+        context = len(ids) + n // 2                  # mid-generation, for the floor and the bytes
         for _ in range(repeats):  # interleaved, so a burst of load hits every column
             seconds, ours_out, stats = time_ours(model, ids, n, True)
             cached.append(seconds)
             steps.extend(stats.step_seconds)
-            floors.append(floor_sample(model, 1, len(ids) + n // 2))
+            floors.append(floor_sample(model, 1, context))
             copies.append(copy_sample())
             hf_seconds, hf_out = time_hf(hf, ids, n)
             theirs.append(hf_seconds)
         cached_s, hf_s = statistics.median(cached), statistics.median(theirs)
         speeds[n] = n / cached_s
         naive_cell = f"{n / naive:12.1f}" if naive else f"{'(skipped)':>12}"
+        floors_cells = floor_columns(model, statistics.median(steps), statistics.median(floors), 1,
+                                     context, statistics.median(copies))
         print(f"{n:>5} {naive_cell} {n / cached_s:13.1f} {n / hf_s:9.1f} {hf_s / cached_s:9.2f}x "
-              f"{agreement(ours_out, hf_out, stop_ids):>11} "
-              f"{floor_columns(model, statistics.median(steps), statistics.median(floors), 1, len(ids) + n // 2, statistics.median(copies))}",
-              flush=True)
+              f"{agreement(ours_out, hf_out, stop_ids):>11} {floors_cells}", flush=True)
     return speeds
 
 
@@ -139,16 +140,17 @@ def batched_rows(model, ids: list[int], batches: list[int], n: int, repeats: int
     """Print tokens/s and achieved bandwidth of batched greedy decode."""
     header = f"{'batch':>5} {'new':>5} {'tok/s (all seqs)':>17} {FLOOR_HEADER}"
     print(header + "\n" + "-" * len(header))
+    context = len(ids) + n // 2
     for batch in batches:
         steps, floors, copies = [], [], []
         for _ in range(repeats):
             steps.extend(batched_decode(model, ids, batch, n)[0])
-            floors.append(floor_sample(model, batch, len(ids) + n // 2))
+            floors.append(floor_sample(model, batch, context))
             copies.append(copy_sample())
         step_s = statistics.median(steps)
-        print(f"{batch:>5} {n:>5} {batch / step_s:17.1f} "
-              f"{floor_columns(model, step_s, statistics.median(floors), batch, len(ids) + n // 2, statistics.median(copies))}",
-              flush=True)
+        floors_cells = floor_columns(model, step_s, statistics.median(floors), batch, context,
+                                     statistics.median(copies))
+        print(f"{batch:>5} {n:>5} {batch / step_s:17.1f} {floors_cells}", flush=True)
 
 
 def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repeats: int) -> None:
@@ -165,7 +167,7 @@ def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repea
           f"HF {n / theirs:.1f} tok/s", flush=True)
 
 
-def one_row_note(model) -> str:
+def step_path_note(model) -> str:
     """How a batch-1 step runs: natively in one call (reference/native_step.c), or through the
     model's operators with the one-row path the race chose, the file it lives in, and why the
     native code is missing when it is."""
@@ -183,7 +185,7 @@ def run(args: argparse.Namespace) -> None:
     hf = load_hf_peer()
     ids = tok.chat_ids(PROMPT)
     print(f"threads: {threads} ({'--threads' if args.threads else 'free cores'}), OpenMP wait "
-          f"policy: {wait_policy()}   batch-1 steps: {one_row_note(model)}   prompt: {len(ids)} "
+          f"policy: {wait_policy()}   batch-1 steps: {step_path_note(model)}   prompt: {len(ids)} "
           f"tokens   weights: "
           f"{model.weight_bytes() / 2**20:.0f} MiB {str(model.embed.weight.dtype).removeprefix('torch.')}\n")
     time_ours(model, ids, 4, True), time_hf(hf, ids, 4)  # warm-up: allocator, thread pool
