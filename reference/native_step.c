@@ -37,6 +37,33 @@ static void barrier(void)
 #endif
 }
 
+/* This thread's number and the region's thread count (0 and 1 without OpenMP). */
+static int thread_id(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}
+
+static int thread_count(void)
+{
+#ifdef _OPENMP
+    return omp_get_num_threads();
+#else
+    return 1;
+#endif
+}
+
+/* Floats of one thread's partial product: the widest output of any product (QKV, gate/up, head). */
+static long widest_output(const long *shape)
+{
+    long qkv_out = (shape[N_HEADS] + 2 * shape[N_KV_HEADS]) * shape[HEAD_DIM];
+    long widest = shape[VOCAB] > 2 * shape[D_FF] ? shape[VOCAB] : 2 * shape[D_FF];
+    return widest > qkv_out ? widest : qkv_out;
+}
+
 /* sum[j] (+)= partials[0][j] + ... + partials[n - 1][j] for j in [j0, j1); partials `ld` floats apart. */
 static void add_partials(const float *partials, long ld, int n, long j0, long j1, float *sum,
                          int accumulate)
@@ -139,8 +166,7 @@ long step_work_floats(const long *shape, int threads)
 {
     long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
     long qkv_out = (n_heads + 2 * shape[N_KV_HEADS]) * hd;
-    long widest = shape[VOCAB] > 2 * shape[D_FF] ? shape[VOCAB] : 2 * shape[D_FF];
-    widest = widest > qkv_out ? widest : qkv_out;
+    long widest = widest_output(shape);
     return d + n_heads * hd + 3 * shape[D_FF] + n_heads * shape[MAX_LEN]
            + threads * (d + qkv_out + 2 * widest + n_heads * hd + 2 * n_heads);
 }
@@ -160,8 +186,7 @@ void decode_step(const long *shape, long token, long pos, const float *embed,
     long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
     long n_kv = shape[N_KV_HEADS], d_ff = shape[D_FF], vocab = shape[VOCAB];
     long max_len = shape[MAX_LEN], qkv_out = (n_heads + 2 * n_kv) * hd, layer_size = n_kv * max_len * hd;
-    long widest = vocab > 2 * d_ff ? vocab : 2 * d_ff;
-    widest = widest > qkv_out ? widest : qkv_out;
+    long widest = widest_output(shape);
     /* Shared, each thread writing only its own rows or positions: */
     float *normed = work, *att = normed + d, *hidden = att + n_heads * hd, *gate = hidden + d_ff;
     float *up = gate + d_ff, *scores = up + d_ff;
@@ -171,15 +196,9 @@ void decode_step(const long *shape, long token, long pos, const float *embed,
     float *att_out = partials + 2 * threads * widest;       /* [threads][n_heads * hd] */
     float *att_top = att_out + threads * n_heads * hd, *att_sum = att_top + threads * n_heads;
 
-#ifdef _OPENMP
     #pragma omp parallel num_threads(threads)
-#endif
     {
-#ifdef _OPENMP
-        int t = omp_get_thread_num(), n = omp_get_num_threads();
-#else
-        int t = 0, n = 1;
-#endif
+        int t = thread_id(), n = thread_count();
         float *x = streams + t * d, *qkv = qkvs + t * qkv_out;
         float *even = partials, *odd = partials + n * widest;   /* alternate between products */
         long r0, r1, s0 = (pos + 1) * t / n, s1 = (pos + 1) * (t + 1) / n;
@@ -243,22 +262,15 @@ void stream_step(const long *shape, long pos, const float *embed, const float *c
     long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
     long n_kv = shape[N_KV_HEADS], d_ff = shape[D_FF], vocab = shape[VOCAB];
     long max_len = shape[MAX_LEN], qkv_out = (n_heads + 2 * n_kv) * hd, layer_size = n_kv * max_len * hd;
-    long widest = vocab > 2 * d_ff ? vocab : 2 * d_ff;
-    widest = widest > qkv_out ? widest : qkv_out;
+    long widest = widest_output(shape);
     float *inputs = work, *scores = inputs + d_ff + d, *partials = scores + n_heads * max_len;
     float *att_out = partials + threads * widest, *att_top = att_out + threads * n_heads * hd;
     float *att_sum = att_top + threads * n_heads;
     memset(inputs, 0, (d_ff + d) * sizeof(float));
 
-#ifdef _OPENMP
     #pragma omp parallel num_threads(threads)
-#endif
     {
-#ifdef _OPENMP
-        int t = omp_get_thread_num(), n = omp_get_num_threads();
-#else
-        int t = 0, n = 1;
-#endif
+        int t = thread_id(), n = thread_count();
         float *mine = partials + t * widest;
         long s0 = (pos + 1) * t / n, s1 = (pos + 1) * (t + 1) / n;
         for (long layer = 0; layer < shape[N_LAYERS]; layer++) {

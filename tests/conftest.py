@@ -21,3 +21,12 @@ def real_model():
     from reference.model import load_model
 
     return load_model("smollm2-135m")
+
+
+@pytest.fixture
+def threads(request):
+    """torch's thread count set to the test's parameter (indirect=True), restored after."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(request.param)
+    yield request.param
+    torch.set_num_threads(before)

@@ -19,14 +19,6 @@ needs_native = pytest.mark.skipif(not native_gemv.available(),
 
 
 @pytest.fixture
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
-@pytest.fixture
 def rebuilt(monkeypatch, tmp_path):
     """A fresh look for the library (env changes take effect), in an empty cache; restored after."""
     monkeypatch.setenv("REFERENCE_CACHE_DIR", str(tmp_path / "cache"))

@@ -42,14 +42,6 @@ def native_calls(monkeypatch):
     return calls
 
 
-@pytest.fixture
-def threads(request):
-    before = torch.get_num_threads()
-    torch.set_num_threads(request.param)
-    yield request.param
-    torch.set_num_threads(before)
-
-
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=["tiny", "odd"])
 def test_steps_equal_the_operators_in_float64(native_calls, threads, cfg):
