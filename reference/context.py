@@ -149,7 +149,7 @@ class PagedContext:
             k_cache.view(-1, *k.shape[1:]).index_copy_(0, self.stored_slots, new_k)
             v_cache.view(-1, *v.shape[1:]).index_copy_(0, self.stored_slots, new_v)
         if self.plan is None:
-            self.plan = PagedPlan(self.block_tables, self.context_lens, self.query_lens, k_cache.shape[1], q.dtype)
+            self.plan = PagedPlan(self.block_tables, self.context_lens, self.query_lens, q, k_cache)
         out = paged_attention(q, k_cache, v_cache, self.block_tables, self.context_lens, self.query_lens,
                               self.plan)
         return out.reshape(1, q.shape[0], -1)

@@ -44,8 +44,9 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-# This GEMV and the decode step built on it (native_step.c), compiled into one library.
-SOURCES = [Path(__file__).with_name(name) for name in ("native_gemv.c", "native_step.c")]
+# This GEMV, the decode step built on it (native_step.c) and the engine's paged decode attention
+# (native_attention.c), compiled into one library.
+SOURCES = [Path(__file__).with_name(name) for name in ("native_gemv.c", "native_step.c", "native_attention.c")]
 FLAGS = ["-O3", "-march=native", "-fPIC", "-fopenmp"]
 
 # Why the library is missing, for `describe()`; None while it loads or once it has loaded.
@@ -112,6 +113,9 @@ def _library() -> ctypes.CDLL | None:
     lib.decode_step.restype = None
     lib.stream_step.argtypes = [pointer, size, pointer, pointer, pointer, pointer, pointer, ctypes.c_int]
     lib.stream_step.restype = None
+    lib.paged_decode_attention.argtypes = [pointer, pointer, size, pointer, pointer, pointer, pointer,
+                                           size, pointer, ctypes.c_int]
+    lib.paged_decode_attention.restype = None
     return lib
 
 
