@@ -47,7 +47,6 @@ from __future__ import annotations
 
 import functools
 import math
-import os
 import time
 
 import torch
@@ -56,8 +55,10 @@ from torch.nn import functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
 from reference import native_gemv
+from reference.switch import Switch
 
-_enabled = os.environ.get("REFERENCE_PACKED_LINEAR", "1") != "0"
+_switch = Switch("REFERENCE_PACKED_LINEAR")   # whether `linear` takes the packed path when it can
+enabled, set_enabled = _switch.enabled, _switch.set_enabled
 
 # Smaller weights stay on F.linear: they sit in the CPU's caches, where there is no memory traffic
 # to save, and a oneDNN call costs ~20 us more than a BLAS one (the tiny test model's matrices,
@@ -75,18 +76,6 @@ def available() -> bool:
     ops = getattr(torch.ops, "mkldnn", None)
     return (torch.backends.mkldnn.is_available() and ops is not None
             and hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise"))
-
-
-def enabled() -> bool:
-    """Whether `linear` takes the packed path when it can."""
-    return _enabled
-
-
-def set_enabled(on: bool) -> bool:
-    """Switch the packed path on or off for the whole process; returns the previous setting."""
-    global _enabled
-    previous, _enabled = _enabled, bool(on)
-    return previous
 
 
 # weight tensor -> (its state when packed, the packed copy); weak keys, so a dropped model frees both.
@@ -180,7 +169,7 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     A single row takes whichever path `one_row_path` measured fastest on this machine. The checks
     come cheapest first: a decode step makes ~120 of these calls, and each microsecond here is
     ~0.5% of a step (a oneDNN call costs ~13 us before it reads a byte of the weight)."""
-    if _enabled and x.dtype == torch.float32 and _streamed(weight):
+    if _switch.on and x.dtype == torch.float32 and _streamed(weight):
         if x.numel() == x.shape[-1]:                                     # one row
             path = one_row_path()
             if path == "native" and native_gemv.input_major(weight):

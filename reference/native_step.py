@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import ctypes
 import operator
-import os
 import threading
 import weakref
 
@@ -31,8 +30,10 @@ from torch.nn.modules import module as module_hooks
 
 from reference import native_gemv
 from reference.kv_cache import KVCache
+from reference.switch import Switch
 
-_enabled = os.environ.get("REFERENCE_NATIVE_STEP", "1") != "0"
+_switch = Switch("REFERENCE_NATIVE_STEP")   # whether `Llama.forward` may take this path
+enabled, set_enabled = _switch.enabled, _switch.set_enabled
 
 # model -> (the modules read, their weights, the weights' data pointers, the ctypes table of them).
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -42,24 +43,12 @@ _hook_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _APPEND = KVCache.append
 
 
-def enabled() -> bool:
-    """Whether `Llama.forward` may take this path (REFERENCE_NATIVE_STEP / `set_enabled`)."""
-    return _enabled
-
-
-def set_enabled(on: bool) -> bool:
-    """Switch the native step on or off for the whole process; returns the previous setting."""
-    global _enabled
-    previous, _enabled = _enabled, bool(on)
-    return previous
-
-
 def serves(model, input_ids: Tensor, positions, cache, context, num_layers, logits_rows, mask) -> bool:
     """Whether `model.forward` with these arguments is a step `decode_step` runs (cheapest checks
     first). Not where someone watches the operators it would skip: a cache whose `append` was
     replaced (chapter 02 records what attention sees that way), or a hook on any module inside
     the model (on the model itself a hook still runs: its forward is still called)."""
-    return (_enabled and context is None and positions is None and num_layers is None
+    return (_switch.on and context is None and positions is None and num_layers is None
             and logits_rows is None and mask is None and type(cache) is KVCache
             and input_ids.shape == (1, 1) and not input_ids.is_floating_point()
             and cache.k.dtype == torch.float32 and cache.k.is_cpu and runs(model)
@@ -76,7 +65,7 @@ def runs(model) -> bool:
     """Whether this model's batch-1 decode steps take the native path: float32 weights on the CPU,
     the default attention backend, the switch on and the library built."""
     weight = model.embed.weight
-    return (_enabled and weight.dtype == torch.float32 and weight.is_cpu
+    return (_switch.on and weight.dtype == torch.float32 and weight.is_cpu
             and model.attention_backend == "sdpa" and native_gemv.available())
 
 

@@ -109,7 +109,7 @@ def test_linear_takes_the_native_path_where_it_won(threads, monkeypatch):
 def test_greedy_tokens_equal_torchs_path(monkeypatch):
     """The tiny model's matrices through the native GEMV give the same greedy text as through BLAS
     (the model's operators: the native step, which runs batch-1 steps in one call, switched off)."""
-    monkeypatch.setattr(native_step, "_enabled", False)
+    monkeypatch.setattr(native_step._switch, "on", False)
     monkeypatch.setattr(cpu_linear, "MIN_PACKED_BYTES", 0)
     calls = []
     real = native_gemv.gemv
