@@ -121,6 +121,9 @@ class PagedPlan:
             if n > 1:
                 length = lens[b]
                 blocks = table_prefix(block_tables[b:b + 1], length, block_size)[0]
+                if n == length:   # a whole prompt: SDPA's own causal mask skips the keys past each query
+                    self.chunks.append((starts[b], starts[b + 1], blocks, None))
+                    continue
                 query_positions = torch.arange(length - n, length, device=device)
                 keys = torch.arange(blocks.shape[0] * block_size, device=device)
                 visible = keys[None, :] <= query_positions[:, None]   # causal; past the end: masked
@@ -153,7 +156,7 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
         k = gather_blocks(k_cache, blocks).transpose(0, 1)[None]       # [1, H_kv, L, D]
         v = gather_blocks(v_cache, blocks).transpose(0, 1)[None]
         chunk = q[first:last].transpose(0, 1)[None]                    # [1, H, n, D]
-        o = F.scaled_dot_product_attention(chunk, k, v, attn_mask=mask, enable_gqa=True)
+        o = F.scaled_dot_product_attention(chunk, k, v, attn_mask=mask, is_causal=mask is None, enable_gqa=True)
         out[first:last] = o[0].transpose(0, 1)
     return out
 

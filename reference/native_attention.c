@@ -92,6 +92,35 @@ static void score_run(const float *query, const float *keys, long stride, long n
     *sum += run_sum;
 }
 
+/* Sixteen floats as one value (GCC's and clang's vector extension): one vector register where the
+ * machine has 512-bit ones, two or four narrower ones elsewhere. */
+typedef float lanes16 __attribute__((vector_size(64)));
+
+static inline lanes16 load16(const float *p)
+{
+    lanes16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+/* row[:hd] += sum over t < n of w[t] * values[t * stride : t * stride + hd]. Sixteen columns at a
+ * time are summed over the whole run in registers (adding a value row at a time loaded and
+ * stored the output row for every key, the kernel's largest cost). */
+static void add_weighted_values(const float *values, long stride, const float *w, long n, long hd,
+                                float *row)
+{
+    long i = 0;
+    for (; i + 16 <= hd; i += 16) {
+        lanes16 sum = load16(row + i);
+        for (long t = 0; t < n; t++)
+            sum += w[t] * load16(values + t * stride + i);
+        memcpy(row + i, &sum, sizeof sum);
+    }
+    for (; i < hd; i++)
+        for (long t = 0; t < n; t++)
+            row[i] += w[t] * values[t * stride + i];
+}
+
 /* out[b] = softmax(q[b] . keys / sqrt(head_dim)) @ values over sequence b's context_lens[b]
  * positions, for b in [0, n_seqs).
  *   q: row b at q + b * q_stride, [n_heads, head_dim] contiguous; out [n_seqs, n_heads, head_dim].
@@ -135,13 +164,8 @@ void paged_decode_attention(const long *shape, const float *q, long q_stride, co
             for (long h = 0; h < n_heads; h++)
                 score_run(q + b * q_stride + h * hd, keys + h / group * hd, stride, n, hd, scale,
                           weights[h], &top[h], &sum[h], acc + h * hd);
-            for (long t = 0; t < n; t++)
-                for (long h = 0; h < n_heads; h++) {
-                    const float *value = values + t * stride + h / group * hd;
-                    float weight = weights[h][t], *row = acc + h * hd;
-                    for (long i = 0; i < hd; i++)
-                        row[i] += weight * value[i];
-                }
+            for (long h = 0; h < n_heads; h++)
+                add_weighted_values(values + h / group * hd, stride, weights[h], n, hd, acc + h * hd);
             p += n;
         }
         for (long h = 0; h < n_heads; h++)

@@ -104,11 +104,13 @@ def measure(model, tokenizer, hf, prompts: list[list[int]], n: int, attention: s
     return rows
 
 
+NATIVE_ATTENTION = "native::paged_decode_attention"   # the profiler's name for the C decode attention
 # Kind of work -> operator names (torch.profiler keys) whose self time counts for it.
 FAMILIES = {
     "weight matmuls": ("mkldnn::_linear_pointwise", "aten::mm", "aten::addmm", "aten::bmm"),
     "attention (SDPA)": ("aten::_scaled_dot_product_flash_attention_for_cpu",
                          "aten::_scaled_dot_product_efficient_attention", "aten::scaled_dot_product_attention"),
+    "attention (native, in the pool)": (NATIVE_ATTENTION,),
     "K/V gather and store": ("aten::index_select", "aten::index_copy_", "aten::index", "aten::_index_put_impl_"),
     "element-wise (norms, RoPE, SiLU, residuals)": (
         "aten::mul", "aten::mul_", "aten::add", "aten::pow", "aten::mean", "aten::sum", "aten::silu",
@@ -119,12 +121,25 @@ FAMILIES = {
 
 def profile_engine(model, tokenizer, prompts: list[list[int]], n: int) -> dict[str, float]:
     """Serve `prompts` once through the engine under torch.profiler: seconds by kind of work
-    (`FAMILIES`; the self time of each operator on the engine's thread), "other operators", and
-    "outside operators" (Python: scheduling, block tables, sampling), which sum to the wall time."""
-    from torch.profiler import ProfilerActivity, profile
+    (`FAMILIES`; the self time of each operator on the engine's thread, the native decode
+    attention recorded as one), "other operators", and "outside operators" (Python: scheduling,
+    block tables, sampling), which sum to the wall time."""
+    from torch.profiler import ProfilerActivity, profile, record_function
 
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
-        seconds, _ = timed(lambda: ours_engine(model, tokenizer, prompts, n, False), model.device)
+    from reference import native_attention
+
+    real = native_attention.paged_decode
+
+    def recorded(*args):   # a C call is no operator: name it for the profiler
+        with record_function(NATIVE_ATTENTION):
+            return real(*args)
+
+    native_attention.paged_decode = recorded
+    try:
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            seconds, _ = timed(lambda: ours_engine(model, tokenizer, prompts, n, False), model.device)
+    finally:
+        native_attention.paged_decode = real
     family_of = {name: family for family, names in FAMILIES.items() for name in names}
     split = dict.fromkeys([*FAMILIES, "other operators"], 0.0)
     for event in prof.key_averages():
