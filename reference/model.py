@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from reference import native_step
+from reference import native_batch, native_step
 from reference.context import DenseContext, PagedContext
 from reference.cpu_linear import PackedLinear, linear
 from reference.kv_cache import KVCache
@@ -214,6 +214,8 @@ class Llama(nn.Module):
         """
         if native_step.serves(self, input_ids, positions, cache, context, num_layers, logits_rows, mask):
             return native_step.decode_step(self, input_ids, cache)   # the same step in one native call
+        if context is not None and native_batch.serves(self, context, num_layers):
+            return native_batch.paged_step(self, input_ids, context, logits_rows)   # element-wise work in C
         if context is None:
             context = DenseContext.for_step(cache, input_ids.shape[1], positions, input_ids.device,
                                             self.attention_backend, mask)

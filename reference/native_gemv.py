@@ -44,9 +44,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-# This GEMV, the decode step built on it (native_step.c) and the engine's paged decode attention
-# (native_attention.c), compiled into one library.
-SOURCES = [Path(__file__).with_name(name) for name in ("native_gemv.c", "native_step.c", "native_attention.c")]
+# This GEMV, the decode step built on it (native_step.c), the engine's paged decode attention
+# (native_attention.c) and its steps' element-wise work (native_batch.c), compiled into one library.
+SOURCES = [Path(__file__).with_name(name)
+           for name in ("native_gemv.c", "native_step.c", "native_attention.c", "native_batch.c")]
+HEADERS = [Path(__file__).with_name("native_math.h")]   # included by the sources: part of the build key
 FLAGS = ["-O3", "-march=native", "-fPIC", "-fopenmp"]
 
 # Why the library is missing, for `describe()`; None while it loads or once it has loaded.
@@ -116,6 +118,12 @@ def _library() -> ctypes.CDLL | None:
     lib.paged_decode_attention.argtypes = [pointer, pointer, size, pointer, pointer, pointer, pointer,
                                            size, pointer, ctypes.c_int]
     lib.paged_decode_attention.restype = None
+    lib.batch_rms_norm.argtypes = [pointer, pointer, pointer, pointer, size, size, ctypes.c_float, ctypes.c_int]
+    lib.batch_silu_mul.argtypes = [pointer, pointer, size, size, ctypes.c_int]
+    lib.batch_rope_store.argtypes = [pointer, pointer, pointer, pointer, pointer, pointer, size, pointer,
+                                     ctypes.c_int]
+    for name in ("batch_rms_norm", "batch_silu_mul", "batch_rope_store"):
+        getattr(lib, name).restype = None
     return lib
 
 
@@ -129,7 +137,7 @@ def _build() -> Path:
     version = subprocess.run([executable, "--version"], capture_output=True, text=True,
                              timeout=30, check=True).stdout
     key = hashlib.sha256(b"\0".join(
-        [*(source.read_bytes() for source in SOURCES), executable.encode(), version.encode(),
+        [*(source.read_bytes() for source in SOURCES + HEADERS), executable.encode(), version.encode(),
          " ".join(FLAGS).encode(), str(runtime).encode(), _cpu_identity().encode()])).hexdigest()[:16]
     directory = _cache_dir()
     library = directory / f"native_gemv-{key}.so"

@@ -1,0 +1,30 @@
+/* Element-wise math shared by the native sources (reference/native_attention.c, native_batch.c). */
+#ifndef NATIVE_MATH_H
+#define NATIVE_MATH_H
+
+#include <math.h>
+#include <string.h>
+
+/* e^x for x <= 0, within ~2 ulp of expf (Cephes' expf: x = n ln 2 + r, |r| <= ln 2 / 2, a degree-6
+ * polynomial for e^r, then 2^n put into the exponent bits). Branch-free, so the loop over a run's
+ * scores is vectorised (a call to expf per score cost about a third of the kernel's time).
+ * x below -87 gives e^-87 (~1.6e-38) instead of less: a weight that small adds nothing. */
+static inline float exp_nonpositive(float x)
+{
+    x = x < -87.0f ? -87.0f : x;
+    float n = floorf(x * 1.44269504088896341f + 0.5f);
+    float r = x - n * 0.693359375f + n * 2.12194440e-4f;
+    float p = 1.9875691500e-4f;
+    p = p * r + 1.3981999507e-3f;
+    p = p * r + 8.3334519073e-3f;
+    p = p * r + 4.1665795894e-2f;
+    p = p * r + 1.6666665459e-1f;
+    p = p * r + 5.0000001201e-1f;
+    p = p * r * r + r + 1.0f;
+    int bits = ((int)n + 127) << 23;          /* 2^n as a float's bits */
+    float two_to_n;
+    memcpy(&two_to_n, &bits, sizeof two_to_n);
+    return p * two_to_n;
+}
+
+#endif
