@@ -106,9 +106,10 @@ def test_batch_benchmark_rows_on_the_tiny_model():
 
     tok = ByteTokenizer()
     prompts = [r.prompt_ids for r in make_workload(tok, 3, 5, 0, system_prompt=SHORT_SYSTEM_PROMPT)]
-    rows = measure(build_tiny(0), tok, None, prompts, 5)
+    rows = measure(build_tiny(0), tok, None, prompts, 5, rounds=3)
     assert [r["config"] for r in rows] == ["ours, sequential (peer stand-in)", "ours: engine", "ours: engine + prefix cache"]
     assert all(r["tokens"] == 15 and r["same_as_first"] == 3 and r["tok_s"] > 0 for r in rows)
+    assert all(len(r["runs"]) == 3 and r["seconds"] == sorted(r["runs"])[1] for r in rows)   # the median run
     assert rows[2]["ratios"]["ours, sequential (peer stand-in)"] == rows[2]["tok_s"] / rows[0]["tok_s"]
     assert "3 / 3" in format_table(rows, 3)
 

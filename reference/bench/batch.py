@@ -1,7 +1,7 @@
 """`python -m reference.bench batch`: our engine against transformers' own batching, same requests.
 
     python -m reference.bench batch [--requests 16] [--tokens 48] [--seed 0] [--threads N]
-                                    [--model smollm2-135m|tiny] [--json PATH] [--profile]
+                                    [--model smollm2-135m|tiny] [--rounds 3] [--json PATH] [--profile]
 
 Every request arrives at once and generates exactly `--tokens` greedy tokens (end-of-turn
 ignored), so each row does the same work. Rows, side by side in one process on the same float32
@@ -14,6 +14,11 @@ weights and threads:
 - our engine (`reference.engine.LLM`) with every request in flight, without and with its prefix
   cache (the prompts share a system message, as a served chat application's do).
 
+Each row runs `--rounds` times, the rows taking turns, and its median run counts: on a shared
+machine whose speed drifts by tens of percent within minutes, a single run of each row measured
+the drift as much as the rows (the engine's row once ran 1.4x slower than its profiled rerun a
+minute later).
+
 Columns: output tokens/s (all requests' tokens over the wall time of the call), the ratio to each
 HF row, and how many replies equal HF's sequential greedy reply token for token. For the tiny
 model, which transformers cannot load, the peer rows are our own batch-1 loop.
@@ -25,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import statistics
 
 import torch
 
@@ -88,15 +94,26 @@ def runners(model, tokenizer, hf, attention: str = "torch") -> dict:
             "ours: engine + prefix cache": lambda p, n: ours_engine(model, tokenizer, p, n, True, attention)}
 
 
-def measure(model, tokenizer, hf, prompts: list[list[int]], n: int, attention: str = "torch") -> list[dict]:
-    """One timed run per row (after a short warm-up of each); rows with tok/s and replies."""
-    rows = []
-    for name, run in runners(model, tokenizer, hf, attention).items():
+def measure(model, tokenizer, hf, prompts: list[list[int]], n: int, attention: str = "torch",
+            rounds: int = 1) -> list[dict]:
+    """Each row run `rounds` times, the rows taking turns (after a short warm-up of each), so that
+    a busy minute on a shared machine falls on every row alike; a row's time is its median run.
+    Rows with tok/s, the spread of their runs and their replies."""
+    runs = runners(model, tokenizer, hf, attention)
+    for run in runs.values():
         run(prompts[:2], 2)                                  # warm-up: thread pool, allocator, kernels
-        seconds, replies = timed(lambda: run(prompts, n), model.device)
-        rows.append(dict(config=name, seconds=seconds, tokens=sum(map(len, replies)),
-                         tok_s=sum(map(len, replies)) / seconds, replies=replies))
-        print(f"  done: {name:32} {rows[-1]['tok_s']:8.1f} tok/s", flush=True)
+    seconds, replies = {name: [] for name in runs}, {}
+    for round_ in range(rounds):
+        for name, run in runs.items():
+            took, replies[name] = timed(lambda: run(prompts, n), model.device)
+            seconds[name].append(took)
+            tokens = sum(map(len, replies[name]))
+            print(f"  round {round_ + 1}/{rounds}: {name:32} {tokens / took:8.1f} tok/s", flush=True)
+    rows = []
+    for name in runs:
+        tokens = sum(map(len, replies[name]))
+        rows.append(dict(config=name, seconds=statistics.median(seconds[name]), runs=seconds[name],
+                         tokens=tokens, tok_s=tokens / statistics.median(seconds[name]), replies=replies[name]))
     reference = rows[0]["replies"]
     for row in rows:
         row["same_as_first"] = sum(a == b for a, b in zip(row["replies"], reference))
@@ -176,13 +193,15 @@ def main(argv: list[str]) -> None:
     parser.add_argument("--model", choices=["smollm2-135m", "tiny"], default="smollm2-135m")
     parser.add_argument("--device", default="auto", help="auto (CUDA when torch sees a GPU), cpu, cuda or cuda:N")
     parser.add_argument("--attention", default="torch", choices=["torch", "triton"], help="the engine's paged attention")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="runs of every row, taking turns; each row's median counts (default 3)")
     parser.add_argument("--json", metavar="PATH", help="also write the rows and their provenance as JSON")
     parser.add_argument("--profile", action="store_true",
                         help="then profile one more engine run and print where its time went")
     args = parser.parse_args(argv)
     args.device = str(resolve_device(args.device))
-    if args.requests < 1 or args.tokens < 1:
-        parser.error("--requests and --tokens must be >= 1")
+    if args.requests < 1 or args.tokens < 1 or args.rounds < 1:
+        parser.error("--requests, --tokens and --rounds must be >= 1")
     info = provenance("python -m reference.bench batch", argv, configure(args.threads), args.device)
     model, tokenizer = load_model(args.model, device=args.device)
     hf = None
@@ -196,10 +215,12 @@ def main(argv: list[str]) -> None:
     print(f"{where}, torch {info['torch']}, attention {args.attention}; {args.requests} chat requests "
           f"({min(map(len, prompts))}-{max(map(len, prompts))} prompt tokens), {args.tokens} greedy tokens each",
           flush=True)
-    rows = measure(model, tokenizer, hf, prompts, args.tokens, args.attention)
+    rows = measure(model, tokenizer, hf, prompts, args.tokens, args.attention, args.rounds)
     print("\n" + format_table(rows, args.requests))
-    print("\ntok/s = all requests' output tokens / wall time of the call; vs X = tok/s over row X's; "
-          "same = replies equal to the first row's, token for token.")
+    print(f"\ntok/s = all requests' output tokens / wall time of the call (the median of {args.rounds} "
+          "runs, the rows taking turns); vs X = tok/s over row X's; same = replies equal to the first row's, "
+          "token for token.")
+    print("runs (s): " + "; ".join(f"{r['config']} " + " ".join(f"{t:.1f}" for t in r["runs"]) for r in rows))
     split = None
     if args.profile:
         split = profile_engine(model, tokenizer, prompts, args.tokens)
