@@ -37,7 +37,7 @@ def serves(model, context, num_layers) -> bool:
     weight = model.embed.weight
     return (_switch.on and context is not None and num_layers is None and context.backend == "torch"
             and weight.dtype == torch.float32 and weight.is_cpu and context.k_pool.dtype == torch.float32
-            and native_gemv.available() and not native_step._hooked(model))
+            and native_gemv.available() and not native_step.hooked(model))
 
 
 def paged_step(model, input_ids: Tensor, context, logits_rows: Tensor | None) -> Tensor:

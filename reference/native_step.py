@@ -53,7 +53,7 @@ def serves(model, input_ids: Tensor, positions, cache, context, num_layers, logi
             and input_ids.shape == (1, 1) and not input_ids.is_floating_point()
             and cache.k.dtype == torch.float32 and cache.k.is_cpu and runs(model)
             and cache.k.shape == _cache_shape(model.config, cache.max_len) and cache.aligned()
-            and KVCache.append is _APPEND and "append" not in vars(cache) and not _hooked(model))
+            and KVCache.append is _APPEND and "append" not in vars(cache) and not hooked(model))
 
 
 def _cache_shape(cfg, max_len: int) -> tuple[int, ...]:
@@ -110,7 +110,7 @@ def stream_weights(model, cache: KVCache) -> None:
                     work.data_ptr(), threads)
 
 
-def _hooked(model) -> bool:
+def hooked(model) -> bool:
     """Whether any module inside the model has a forward hook or pre-hook, or a global one is set."""
     hooks = _hook_tables.get(model)
     if hooks is None:  # each module keeps its hook dicts for life (registering adds to them)
