@@ -116,7 +116,7 @@ class PagedPlan:
             keys = self.decode_blocks.shape[1] * block_size
             visible = torch.arange(keys, device=device)[None, :] < context_lens[decode, None]
             self.decode_mask = additive_mask(visible, dtype)[:, None, None, :]            # [B', 1, 1, L]
-        self.chunks = []     # (first row, last row + 1, blocks [m], mask [n, L]) per prefill chunk
+        self.chunks = []     # per prefill chunk: (first row, last row + 1, blocks [m], mask [n, L] or None)
         for b, n in enumerate(query_lens):
             if n > 1:
                 length = lens[b]

@@ -24,9 +24,11 @@ load). It is called through ctypes (which releases the GIL) with the tensors' da
 each, were 1.8x slower than OpenMP).
 
 The same library holds the batch-1 decode step built on this GEMV (reference/native_step.c, one
-call per step). Where there is no compiler, the build fails, or REFERENCE_NATIVE_GEMV=0,
-`available()` is False: `reference.cpu_linear` races only torch's paths and the model runs its
-steps with torch's operators, which give the same numbers up to float rounding.
+call per step) and the engine's native pieces: its decode attention read in the paged pool
+(native_attention.c) and its steps' element-wise work (native_batch.c). Where there is no
+compiler, the build fails, or REFERENCE_NATIVE_GEMV=0, `available()` is False: `reference.cpu_linear`
+races only torch's paths and the model and the engine run their steps with torch's operators,
+which give the same numbers up to float rounding.
 """
 from __future__ import annotations
 
