@@ -121,7 +121,7 @@ class PagedPlan:
             if n > 1:
                 length = lens[b]
                 blocks = table_prefix(block_tables[b:b + 1], length, block_size)[0]
-                if n == length:   # a whole prompt: SDPA's own causal mask skips the keys past each query
+                if n == length:   # a whole prompt: SDPA's own causal mask, no additive one to add
                     self.chunks.append((starts[b], starts[b + 1], blocks, None))
                     continue
                 query_positions = torch.arange(length - n, length, device=device)
