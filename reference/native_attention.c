@@ -23,20 +23,6 @@ enum { N_HEADS, N_KV_HEADS, HEAD_DIM, BLOCK_SIZE, TABLE_WIDTH, N_SHAPE };
 #define MAX_HEADS 64  /* query heads: native_attention.py checks the model against it */
 #define RUN 16        /* keys scored together: at most a block's worth, consecutive in the pool */
 
-/* a[:n] . b[:n]. The compiler may reorder the sum (the pragmas), so it keeps 16 running sums in a
- * vector register and adds them pairwise at the end: in order, the additions form one chain of
- * dependent instructions (GCC's OpenMP simd reduction still added its 16 lanes one by one). */
-static inline float dot(const float *a, const float *b, long n)
-{
-#if defined(__clang__)
-#pragma clang fp reassociate(on)
-#endif
-    float total = 0.0f;
-    for (long i = 0; i < n; i++)
-        total += a[i] * b[i];
-    return total;
-}
-
 /* Hint the caches to fetch `bytes` from each of a and b into L2 (a prefetch never faults, even past
  * an end). */
 static void prefetch(const char *a, const char *b, long bytes)

@@ -19,18 +19,6 @@ enum { N_HEADS, N_KV_HEADS, HEAD_DIM, N_SHAPE };
 
 #define PARALLEL_FLOATS 65536   /* below this many floats of work, one thread does it all */
 
-/* x[:n] . x[:n], the sum reordered into vector lanes (the pragma; clang's below). */
-static float sum_of_squares(const float *x, long n)
-{
-#if defined(__clang__)
-#pragma clang fp reassociate(on)
-#endif
-    float total = 0.0f;
-    for (long i = 0; i < n; i++)
-        total += x[i] * x[i];
-    return total;
-}
-
 /* For each of n rows of d floats: x += add (the residual stream, in place; skipped where add is
  * NULL), then out = x * rsqrt(mean(x^2) + eps) * weight, as `RMSNorm.forward` computes it. */
 void batch_rms_norm(float *x, const float *add, const float *weight, float *out, long n, long d,
@@ -42,7 +30,7 @@ void batch_rms_norm(float *x, const float *add, const float *weight, float *out,
         if (add != NULL)
             for (long j = 0; j < d; j++)
                 row[j] += add[r * d + j];
-        float scale = 1.0f / sqrtf(sum_of_squares(row, d) / d + eps);
+        float scale = 1.0f / sqrtf(dot(row, row, d) / d + eps);
         for (long j = 0; j < d; j++)
             normed[j] = row[j] * scale * weight[j];
     }

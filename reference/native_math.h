@@ -1,4 +1,5 @@
-/* Element-wise math shared by the native sources (reference/native_attention.c, native_batch.c). */
+/* Math shared by the native sources (reference/native_attention.c, native_batch.c). Include it
+ * after their GCC optimize pragma, so that these functions inline into loops compiled under it. */
 #ifndef NATIVE_MATH_H
 #define NATIVE_MATH_H
 
@@ -25,6 +26,21 @@ static inline float exp_nonpositive(float x)
     float two_to_n;
     memcpy(&two_to_n, &bits, sizeof two_to_n);
     return p * two_to_n;
+}
+
+/* a[:n] . b[:n]. The compiler may reorder the sum (the including file's GCC pragma, clang's here),
+ * so it keeps 16 running sums in a vector register and adds them pairwise at the end: in order,
+ * the additions form one chain of dependent instructions (GCC's OpenMP simd reduction still added
+ * its 16 lanes one by one). */
+static inline float dot(const float *a, const float *b, long n)
+{
+#if defined(__clang__)
+#pragma clang fp reassociate(on)
+#endif
+    float total = 0.0f;
+    for (long i = 0; i < n; i++)
+        total += a[i] * b[i];
+    return total;
 }
 
 #endif

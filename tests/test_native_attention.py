@@ -102,24 +102,28 @@ def test_mixed_step_serves_decodes_natively_beside_prompt_chunks(monkeypatch, na
         assert calls[0][0].shape == (2, 6, 8)          # only the two decode rows
 
 
-def test_engine_replies_equal_with_and_without_native_attention():
-    """The tiny model served with chunked prompts beside decodes: the same greedy replies."""
+def engine_replies(model, switch, native: bool) -> list[list[int]]:
+    """Greedy replies of `model` served by the engine (chunked prompts beside decodes) with the
+    fast path behind `switch` (a module with `set_enabled`) on or off."""
     from reference.engine import LLM, SamplingParams
-    from reference.model import build_tiny
     from reference.tokenizer import ByteTokenizer
 
-    model = build_tiny(3)
     prompts = [[1, 2, 3], list(range(5, 40)), [7] * 18, list(range(60, 64))]
-    replies = []
-    for native in (True, False):
-        previous = native_attention.set_enabled(native)
-        try:
-            llm = LLM(model, tokenizer=ByteTokenizer(), max_num_seqs=4, block_size=4, max_num_batched_tokens=24)
-            outs = llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
-        finally:
-            native_attention.set_enabled(previous)
-        replies.append([o.token_ids for o in outs])
-    assert replies[0] == replies[1]
+    previous = switch.set_enabled(native)
+    try:
+        llm = LLM(model, tokenizer=ByteTokenizer(), max_num_seqs=4, block_size=4, max_num_batched_tokens=24)
+        outs = llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
+    finally:
+        switch.set_enabled(previous)
+    return [o.token_ids for o in outs]
+
+
+def test_engine_replies_equal_with_and_without_native_attention():
+    """The tiny model served with chunked prompts beside decodes: the same greedy replies."""
+    from reference.model import build_tiny
+
+    model = build_tiny(3)
+    assert engine_replies(model, native_attention, True) == engine_replies(model, native_attention, False)
 
 
 @pytest.mark.parametrize("table_edit, lens_edit, message", [

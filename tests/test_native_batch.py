@@ -13,6 +13,7 @@ from reference import native_batch, native_gemv
 from reference.context import PagedContext
 from reference.model import TINY, ModelConfig
 from test_cpu_linear import relative_error
+from test_native_attention import engine_replies
 from test_native_step import ODD, random_model
 
 pytestmark = pytest.mark.skipif(not native_gemv.available(),
@@ -127,21 +128,8 @@ def test_rows_outside_the_model_or_pool_are_refused_before_writing(edit, message
 
 
 def test_engine_replies_equal_with_and_without_native_batch():
-    from reference.engine import LLM, SamplingParams
-    from reference.tokenizer import ByteTokenizer
-
     model = random_model(TINY, seed=5)
-    prompts = [[1, 2, 3], list(range(5, 40)), [7] * 18, list(range(60, 64))]
-    replies = []
-    for native in (True, False):
-        previous = native_batch.set_enabled(native)
-        try:
-            llm = LLM(model, tokenizer=ByteTokenizer(), max_num_seqs=4, block_size=4, max_num_batched_tokens=24)
-            outs = llm.generate(prompts, SamplingParams(max_tokens=12, ignore_eos=True))
-        finally:
-            native_batch.set_enabled(previous)
-        replies.append([o.token_ids for o in outs])
-    assert replies[0] == replies[1]
+    assert engine_replies(model, native_batch, True) == engine_replies(model, native_batch, False)
 
 
 def test_environment_switch():
