@@ -175,3 +175,28 @@ def test_a_changed_interpreter_builder_is_found(monkeypatch):
     hook = vars(InterpreterBuilder)["create_masked_load"]
     monkeypatch.setattr(InterpreterBuilder, "create_masked_load", hook.__closure__[0].cell_contents)
     assert traffic.tampered() == ["InterpreterBuilder.create_masked_load"]
+
+
+@pytest.mark.parametrize("release, load_options, store_options", [
+    ("3.9", ("cache policy", False), ("cache policy",)),
+    ("3.6", ("cache modifier", "eviction policy", False), ("cache modifier", "eviction policy"))])
+def test_the_counting_hooks_pass_any_releases_cache_arguments_through(release, load_options,
+                                                                     store_options):
+    """Triton releases differ in what follows the mask (3.9: one cache policy; 3.6: a cache
+    modifier and an eviction policy). The hooks count the access and hand the builder's own
+    method every argument it was given, whatever the release (3.6 once failed every launch)."""
+    from types import SimpleNamespace
+    from autograder.boundary import traffic
+    column = torch.zeros(8)
+    calls = []
+    load = traffic._load(lambda *args: calls.append(("load", args)) or "loaded")
+    store = traffic._store(lambda *args: calls.append(("store", args)))
+    address = numpy.array([column.data_ptr() + 4 * i for i in range(3)], dtype=numpy.uint64)
+    ptrs, mask = SimpleNamespace(data=address), SimpleNamespace(data=numpy.array([True, True, False]))
+    with traffic.recording((column,), {}) as record:
+        assert load("builder", ptrs, mask, "other", *load_options) == "loaded"
+        store("builder", ptrs, "value", mask, *store_options)
+    assert calls == [("load", ("builder", ptrs, mask, "other", *load_options)),
+                     ("store", ("builder", ptrs, "value", mask, *store_options))], release
+    counted = traffic.LaunchTraffic.from_wire(record.wire())[0]
+    assert counted.reads.tolist() == counted.writes.tolist() == [1, 1, 0, 0, 0, 0, 0, 0]

@@ -8,6 +8,7 @@ import torch
 
 from reference.decoding import generate
 from reference.engine import LLM, SamplingParams
+from reference.kernels.checks import INTERPRETED
 from reference.model import build_tiny
 from reference.tokenizer import ByteTokenizer
 from devices import DEVICES
@@ -216,7 +217,22 @@ def test_paged_attention_equals_dense_attention(block_size):
 
 def test_triton_attention_backend_serves_the_same_tokens(tiny, prompts, expected):
     """attention="triton": K/V stored by the store kernel, decode steps through the paged decode
-    kernel (compiled on a GPU, interpreted here); prompt chunks keep the gather."""
+    kernel (compiled on a GPU, interpreted without one); prompt chunks keep the gather. On a GPU
+    machine the kernels are compiled for CUDA, and a model on the CPU is refused up front."""
+    model, tok = tiny
+    if model.device.type == "cpu" and not INTERPRETED:
+        with pytest.raises(ValueError, match="need the model on a CUDA GPU, not cpu"):
+            LLM(model, tokenizer=tok, attention="triton")
+        return
     _, outs = run(tiny, prompts[:2], SamplingParams(max_tokens=4), block_size=8, num_blocks=40,
                   attention="triton")
     assert [o.token_ids for o in outs] == [e[:4] for e in expected[:2]]
+
+
+def test_triton_attention_on_the_cpu_without_the_interpreter_is_refused_before_any_request(monkeypatch):
+    """Without TRITON_INTERPRET=1 the kernels are compiled for CUDA: a CPU engine would fail at
+    its first step, deep in a launch. The engine says so when it is built instead."""
+    import reference.kernels.checks as checks
+    monkeypatch.setattr(checks, "INTERPRETED", False)
+    with pytest.raises(ValueError, match="use attention='torch' there, or set TRITON_INTERPRET=1"):
+        LLM(build_tiny(0), tokenizer=ByteTokenizer(), attention="triton")

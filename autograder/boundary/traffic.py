@@ -122,19 +122,21 @@ class Recording:
                 "outside_writes": self.outside["writes"]}
 
 
+# The cache and eviction arguments after the mask differ between triton releases (3.6: cache
+# modifier and eviction policy; 3.9: one cache policy): they pass through untouched.
 def _load(original):
-    def create_masked_load(self, ptrs, mask, other, cache_policy, is_volatile):
+    def create_masked_load(self, ptrs, mask, *options):
         if _ACTIVE:
             _ACTIVE[0].access("reads", ptrs.data, mask.data)
-        return original(self, ptrs, mask, other, cache_policy, is_volatile)
+        return original(self, ptrs, mask, *options)
     return create_masked_load
 
 
 def _store(original):
-    def create_masked_store(self, ptrs, value, mask, cache_policy):
+    def create_masked_store(self, ptrs, value, mask, *options):
         if _ACTIVE:
             _ACTIVE[0].access("writes", ptrs.data, mask.data)
-        return original(self, ptrs, value, mask, cache_policy)
+        return original(self, ptrs, value, mask, *options)
     return create_masked_store
 
 

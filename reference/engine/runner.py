@@ -17,6 +17,16 @@ from reference.engine.sequence import Sequence
 from reference.paging import BlockManager
 
 
+def triton_runs_on(device: torch.device) -> None:
+    """Refuse, before any request is taken, an engine whose Triton kernels cannot run where its
+    pool lives: compiled kernels need CUDA tensors, CPU tensors need the interpreter."""
+    from reference.kernels.checks import INTERPRETED
+    if device.type != "cuda" and not INTERPRETED:
+        raise ValueError(f"attention='triton' runs Triton kernels, which need the model on a CUDA GPU, "
+                         f"not {device}: use attention='torch' there, or set TRITON_INTERPRET=1 before "
+                         "importing reference.kernels to interpret them")
+
+
 class ModelRunner:
     """Owns the K/V pool: k_pool, v_pool [n_layers, num_blocks, block_size, n_kv_heads, head_dim]."""
 
@@ -24,6 +34,8 @@ class ModelRunner:
         cfg = model.config
         p = model.embed.weight
         shape = (cfg.n_layers, num_blocks, block_size, cfg.n_kv_heads, cfg.head_dim)
+        if attention == "triton":
+            triton_runs_on(p.device)
         self.model = model
         self.attention = attention
         self.k_pool = torch.zeros(shape, dtype=p.dtype, device=p.device)
