@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from reference import native_batch, native_step
+from reference import huge_pages, native_batch, native_step
 from reference.context import DenseContext, PagedContext
 from reference.cpu_linear import PackedLinear, linear
 from reference.kv_cache import KVCache
@@ -335,7 +335,10 @@ def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32
     device = resolve_device(device)
     if name == "smollm2-135m":
         reader = read_gguf(gguf_path())
-        return load_gguf_model(reader, dtype).to(device), Tokenizer.from_gguf(reader)
+        model = load_gguf_model(reader, dtype).to(device)
+        if device.type == "cpu":
+            huge_pages.back_with_huge_pages(model)   # decode streams the weights: fewer TLB misses
+        return model, Tokenizer.from_gguf(reader)
     if name == "tiny":
         return build_tiny(0, dtype).to(device), ByteTokenizer()
     raise ValueError(f"unknown model {name!r}: choose 'smollm2-135m' or 'tiny'")

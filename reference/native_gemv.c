@@ -11,16 +11,19 @@
  * Within a block, 8 or 16 rows are read side by side and their products added to y in one
  * pass over the columns (the loop over columns is vectorised by the compiler), so y is loaded
  * and stored once per 8 or 16 rows. Measured on SmolLM2's 121 matrices (2-core AMD EPYC): one
- * thread reading the whole matrix went 7-9% faster with 16 rows a pass than with 8; two threads
- * 0-6% slower, so 16 rows when one thread reads it all, 8 when the threads split it (4 rows was
- * slower in both cases). The threads are OpenMP's: linked against the OpenMP runtime torch
- * already loaded, they are torch's own pool, not a second one. */
+ * thread reading the whole matrix went 7-9% faster with 16 rows a pass than with 8. Split over
+ * two threads, rows of at most NARROW floats (SmolLM2's QKV, O and down products, 960 and 576
+ * wide) went 4-8% faster with 16 rows (a C loop over all 121 matrices as a decode step reads
+ * them, interleaved runs, on ordinary and on huge pages), wider rows no faster, so 16 rows for
+ * one thread or narrow rows, else 8 (4 rows was slower in every case). The threads are OpenMP's:
+ * linked against the OpenMP runtime torch already loaded, they are torch's own pool. */
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
-#define ROWS_PER_PASS 8  /* when the threads split the rows; 16 when one thread reads them all */
+#define ROWS_PER_PASS 8  /* the threads' blocks are whole multiples of this */
+#define NARROW 1024      /* rows of at most this many floats are read 16 a pass */
 
 /* y[:n_out] += x[:R] @ w[:R, :n_out], w's rows ld floats apart. */
 #define DEFINE_PASS(NAME, R)                                                                   \
@@ -73,7 +76,7 @@ void gemv_partial(const float *x, const float *w, float *partial, long n_in, lon
 #endif
     long r0, r1;
     gemv_rows(n_in, t, n, &r0, &r1);
-    row_block(x, w, partial, r0, r1, n_out, n == 1);
+    row_block(x, w, partial, r0, r1, n_out, n == 1 || n_out <= NARROW);
 }
 
 /* Called by every thread of an enclosing region of n threads: y[:n_out] = x[:n_in] @ w.

@@ -1,0 +1,93 @@
+"""A CPU model's weights in memory backed by 2 MiB pages (Linux transparent huge pages).
+
+Decode at batch 1 reads every weight once a step, so it runs at the speed the memory system
+streams them. With 4 KiB pages those 500 MB span 120,000 pages, and the processor's address
+translation (TLB) misses on each one it enters; with 2 MiB pages, 250. Measured on this course's
+2-core AMD EPYC, interleaved in one process: the model's products 10% faster from huge pages
+alone (a C loop over SmolLM2's 121 matrices), decode steps 3-8% faster; a plain copy of 128 MiB
+7-25% faster (so `bench decode` measures its copy reference in memory of the same kind).
+
+Linux gives huge pages to an anonymous private mapping that asks for them (`madvise`), when
+`/sys/kernel/mm/transparent_hugepage/enabled` says "always" or "madvise" (the usual default);
+elsewhere, or where it cannot find 2 MiB of contiguous memory, the same mapping is backed by
+ordinary pages: nothing changes but the speed. `REFERENCE_HUGE_PAGES=0` leaves weights where
+torch put them.
+"""
+from __future__ import annotations
+
+import mmap
+
+import torch
+
+from reference.switch import Switch
+
+HUGE_PAGE = 2 << 20
+_switch = Switch("REFERENCE_HUGE_PAGES")
+
+
+def enabled() -> bool:
+    return _switch.enabled()
+
+
+def set_enabled(on: bool) -> bool:
+    """Move weights at load (True) or not; returns the previous setting."""
+    return _switch.set_enabled(on)
+
+
+def supported() -> bool:
+    """Whether this Python can ask the kernel for huge pages (Linux: mmap.MADV_HUGEPAGE)."""
+    return hasattr(mmap, "MADV_HUGEPAGE") and hasattr(mmap, "MAP_PRIVATE")
+
+
+def huge_buffer(n_bytes: int) -> torch.Tensor:
+    """n_bytes of zeroed uint8 CPU memory starting on a 2 MiB boundary, in a private anonymous
+    mapping advised to use huge pages (ordinary pages where the system has none). The tensor
+    keeps the mapping alive."""
+    if not supported():
+        raise RuntimeError("huge pages need Linux (mmap.MADV_HUGEPAGE)")
+    mapping = mmap.mmap(-1, n_bytes + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    mapping.madvise(mmap.MADV_HUGEPAGE)
+    whole = torch.frombuffer(mapping, dtype=torch.uint8)
+    start = -whole.data_ptr() % HUGE_PAGE
+    return whole[start:start + n_bytes]
+
+
+def back_with_huge_pages(model: torch.nn.Module) -> int:
+    """Copy every CPU parameter of at least 2 MiB into one huge-page buffer, keeping its shape,
+    strides (the input-major layout) and values; returns the bytes moved (0 when switched off or
+    unsupported). Parameters stay parameters: `model.parameters()`, `.to(...)` and state dicts
+    see no difference."""
+    if not (enabled() and supported()):
+        return 0
+    moved = [p for p in model.parameters() if p.device.type == "cpu" and p.storage_offset() == 0
+             and p.untyped_storage().nbytes() >= HUGE_PAGE]
+    sizes = [-(-p.untyped_storage().nbytes() // 64) * 64 for p in moved]   # 64-byte aligned starts
+    if not moved:
+        return 0
+    buffer, offset = huge_buffer(sum(sizes)), 0
+    for p, size in zip(moved, sizes):
+        n_bytes = p.untyped_storage().nbytes()
+        place = buffer[offset:offset + n_bytes].view(p.dtype).as_strided(p.shape, p.stride())
+        place.copy_(p.detach())
+        p.data = place
+        offset += size
+    return offset
+
+
+def on_huge_pages(tensor: torch.Tensor) -> bool:
+    """Whether the memory of `tensor` lies in a mapping advised to use huge pages (Linux's
+    /proc/self/smaps: its VmFlags hold "hg")."""
+    address = tensor.data_ptr()
+    try:
+        with open("/proc/self/smaps") as smaps:
+            inside = False
+            for line in smaps:
+                head = line.split(" ", 1)[0]
+                if "-" in head and ":" not in head:
+                    low, high = (int(a, 16) for a in head.split("-"))
+                    inside = low <= address < high
+                elif inside and line.startswith("VmFlags:"):
+                    return "hg" in line.split()[1:]
+    except OSError:
+        return False
+    return False
