@@ -8,7 +8,8 @@
 #   .ci/gpu_checks.sh model     [OUTDIR]   what needs SmolLM2's GGUF: device tests, the real model
 #                                          through the kernels, `bench kernels --quick`, `bench batch`
 #
-# One stage fits one call of at most 10 minutes.#
+# One stage fits one call of at most 10 minutes. The tests stage runs pytest-xdist (-n).
+#
 # Each step has its own time limit and writes its log to OUTDIR (default /tmp/gpu_checks), so a
 # slow step costs its slot and not the others'. Where the machine lacks packages, put their wheels
 # in WHEELS (default .devcarry) and they are installed into /tmp/site first. The model step finds
