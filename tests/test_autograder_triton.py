@@ -179,7 +179,8 @@ def test_a_changed_interpreter_builder_is_found(monkeypatch):
 
 @pytest.mark.parametrize("release, load_options, store_options", [
     ("3.9", ("cache policy", False), ("cache policy",)),
-    ("3.6", ("cache modifier", "eviction policy", False), ("cache modifier", "eviction policy"))])
+    ("3.6", ("cache modifier", "eviction policy", False), ("cache modifier", "eviction policy")),
+    ("a later one", ("cache policy", False, "hint"), ("cache policy", "hint"))])
 def test_the_counting_hooks_pass_any_releases_cache_arguments_through(release, load_options,
                                                                      store_options):
     """Triton releases differ in what follows the mask (3.9: one cache policy; 3.6: a cache
@@ -200,3 +201,25 @@ def test_the_counting_hooks_pass_any_releases_cache_arguments_through(release, l
                      ("store", ("builder", ptrs, "value", mask, *store_options))], release
     counted = traffic.LaunchTraffic.from_wire(record.wire())[0]
     assert counted.reads.tolist() == counted.writes.tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+
+
+def test_the_atomic_and_program_hooks_pass_extra_arguments_through():
+    """The same for the atomics and the program index: what a hook does not count reaches the
+    builder unchanged, however many such arguments a release has."""
+    from types import SimpleNamespace
+    from autograder.boundary import traffic
+    cell = torch.zeros(4)
+    calls = []
+    rmw = traffic._read_modify_write(lambda *args: calls.append(args))
+    cas = traffic._compare_and_swap(lambda *args: calls.append(args))
+    program = traffic._next_program(lambda *args: calls.append(args))
+    ptr = SimpleNamespace(data=numpy.array([cell.data_ptr()], dtype=numpy.uint64))
+    mask = SimpleNamespace(data=numpy.array([True]))
+    with traffic.recording((cell,), {}) as record:
+        rmw("builder", "add", ptr, "val", mask, "sem", "scope", "new")
+        cas("builder", ptr, "cmp", "val", "sem", "scope", "new")
+        program("builder", 1, 0, 0, "new")
+    assert calls == [("builder", "add", ptr, "val", mask, "sem", "scope", "new"),
+                     ("builder", ptr, "cmp", "val", "sem", "scope", "new"), ("builder", 1, 0, 0, "new")]
+    counted = traffic.LaunchTraffic.from_wire(record.wire())[0]
+    assert counted.reads.tolist() == counted.writes.tolist() == [2, 0, 0, 0]

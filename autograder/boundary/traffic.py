@@ -122,8 +122,10 @@ class Recording:
                 "outside_writes": self.outside["writes"]}
 
 
-# The cache and eviction arguments after the mask differ between triton releases (3.6: cache
-# modifier and eviction policy; 3.9: one cache policy): they pass through untouched.
+# Each hook names only the arguments it counts and passes the rest through untouched, so that a
+# triton release that adds or splits the others still runs (3.6 has a cache modifier and an
+# eviction policy after a load's mask where 3.9 has one cache policy: a hook spelling out 3.9's
+# list failed every load under 3.6).
 def _load(original):
     def create_masked_load(self, ptrs, mask, *options):
         if _ACTIVE:
@@ -141,28 +143,28 @@ def _store(original):
 
 
 def _read_modify_write(original):
-    def create_atomic_rmw(self, op, ptr, val, mask, sem, scope):
+    def create_atomic_rmw(self, op, ptr, val, mask, *options):
         if _ACTIVE:
             _ACTIVE[0].access("reads", ptr.data, mask.data)
             _ACTIVE[0].access("writes", ptr.data, mask.data)
-        return original(self, op, ptr, val, mask, sem, scope)
+        return original(self, op, ptr, val, mask, *options)
     return create_atomic_rmw
 
 
 def _compare_and_swap(original):
-    def create_atomic_cas(self, ptr, cmp, val, sem, scope):
+    def create_atomic_cas(self, ptr, cmp, val, *options):
         if _ACTIVE:
             _ACTIVE[0].access("reads", ptr.data, None)
             _ACTIVE[0].access("writes", ptr.data, None)
-        return original(self, ptr, cmp, val, sem, scope)
+        return original(self, ptr, cmp, val, *options)
     return create_atomic_cas
 
 
 def _next_program(original):
-    def set_grid_idx(self, x, y, z):
+    def set_grid_idx(self, *index):
         if _ACTIVE:
             _ACTIVE[0].end_program()
-        return original(self, x, y, z)
+        return original(self, *index)
     return set_grid_idx
 
 
