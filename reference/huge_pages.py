@@ -61,9 +61,9 @@ def back_with_huge_pages(model: torch.nn.Module) -> int:
         return 0
     moved = [p for p in model.parameters() if p.device.type == "cpu" and p.storage_offset() == 0
              and p.untyped_storage().nbytes() >= HUGE_PAGE]
-    sizes = [-(-p.untyped_storage().nbytes() // 64) * 64 for p in moved]   # 64-byte aligned starts
     if not moved:
         return 0
+    sizes = [-(-p.untyped_storage().nbytes() // 64) * 64 for p in moved]   # 64-byte aligned starts
     buffer, offset = huge_buffer(sum(sizes)), 0
     for p, size in zip(moved, sizes):
         n_bytes = p.untyped_storage().nbytes()
