@@ -23,8 +23,9 @@ load). It is called through ctypes (which releases the GIL) with the tensors' da
 ~4 us a call at 1 thread, ~6 at 2, where `F.linear` costs ~2.6 (two Python threads, one C call
 each, were 1.8x slower than OpenMP).
 
-The same library holds the batch-1 decode step built on this GEMV (reference/native_step.c, one
-call per step) and the engine's native pieces: its decode attention read in the paged pool
+The same library holds the batch-1 decode step (reference/native_step.c, one call per step,
+reading its own packed copy of the weights with `gemv_packed`, below this GEMV in the same file)
+and the engine's native pieces: its decode attention read in the paged pool
 (native_attention.c) and its steps' element-wise work (native_batch.c). Where there is no
 compiler, the build fails, or REFERENCE_NATIVE_GEMV=0, `available()` is False: `reference.cpu_linear`
 races only torch's paths and the model and the engine run their steps with torch's operators,
@@ -113,7 +114,7 @@ def _library() -> ctypes.CDLL | None:
     lib.step_work_floats.argtypes = [pointer, ctypes.c_int]
     lib.step_work_floats.restype = size
     lib.decode_step.argtypes = [pointer, size, size, pointer, pointer, pointer, pointer, pointer,
-                                pointer, ctypes.c_float, pointer, pointer, ctypes.c_int]
+                                pointer, pointer, ctypes.c_float, pointer, pointer, ctypes.c_int]
     lib.decode_step.restype = None
     lib.stream_step.argtypes = [pointer, size, pointer, pointer, pointer, pointer, pointer, ctypes.c_int]
     lib.stream_step.restype = None

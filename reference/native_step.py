@@ -10,6 +10,18 @@ in one OpenMP region per step: the threads run the whole step, meeting at a barr
 one thread's output feeds another's. Measured there (README, "A native decode step"): a step
 within 3-4% of its floor, 1.4x faster than the operators at 2 threads and 1.6x at 1.
 
+The step reads its own copy of the weight matrices, packed at the model's first native step
+(`_pack`) in the order the C code reads them: panels of 8 input rows, each a run of 8 x 16 blocks
+(reference/native_gemv.c), so that each thread streams one contiguous run of memory per matrix.
+Read in the model's input-major layout, a thread's share of a product is 8 or 16 rows read side
+by side, 16 streams at once; on a quiet 2-core AMD EPYC the packed matrices streamed at 53-55 GB/s
+against 46-47 (a plain sum of the same bytes: 58-61), and a decode step ran 1.10-1.13x faster
+(README, "Packed weights for the native step"). The cost is memory, the size of the weights
+again (SmolLM2-135M: +513 MiB, `packed_bytes`), beside the parameters the rest of the course
+reads and oneDNN's packed copy for the products of several rows (reference/cpu_linear.py); it
+lives as long as the model, `forget` drops it, and REFERENCE_NATIVE_STEP=0 never makes it. A
+weight replaced or changed in place after packing is packed again at the next step (`_table`).
+
 `Llama.forward` takes this path by itself when it is serving what it serves, and `serves` says
 when: one new token for one sequence over a `KVCache`, float32 on the CPU, the default "sdpa"
 attention, no custom mask, positions, layer limit or logit rows, and the library built (see
@@ -24,21 +36,28 @@ import operator
 import threading
 import weakref
 
+from typing import NamedTuple
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules import module as module_hooks
+from torch.utils.hooks import RemovableHandle
 
-from reference import native_gemv
+from reference import huge_pages, native_gemv
 from reference.kv_cache import KVCache
 from reference.switch import Switch
 
 _switch = Switch("REFERENCE_NATIVE_STEP")   # whether `Llama.forward` may take this path
 enabled, set_enabled = _switch.enabled, _switch.set_enabled
 
-# model -> (the modules read, their weights, the weights' data pointers, the ctypes table of them).
+# model -> its `_Packed` weights (built at its first native step).
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+PANEL_ROWS, PANEL_COLS = 8, 16
+_DATA_PTR, _VERSION = Tensor.data_ptr, operator.attrgetter("_version")   # the packed layout's blocks (native_gemv.c)
 _scratch = threading.local()
-# model -> the forward hook and pre-hook dicts of every module inside it (its structure is fixed once built).
+# model -> [the forward hook and pre-hook dicts of every module inside it (its structure is fixed
+# once built), the count of hook handles when a look last found none of them holding a hook].
 _hook_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _APPEND = KVCache.append
 
@@ -82,13 +101,14 @@ def decode_step(model, input_ids: Tensor, cache: KVCache) -> Tensor:
     cfg = model.config
     if not 0 <= token < cfg.vocab_size:
         raise IndexError(f"token id {token} is outside the vocabulary of {cfg.vocab_size}")
-    shape, layers, embed, final_norm = _table(model, cache)
+    shape, table = _table(model, cache)
     threads = torch.get_num_threads()
     lib = native_gemv._library()
     work = _work(lib.step_work_floats(shape, threads))
     logits = torch.empty(1, 1, cfg.vocab_size)
-    turns = model.rope_turns[position]                                   # [1, head_dim / 2, 2]
-    lib.decode_step(shape, token, position, embed, layers, final_norm, turns.data_ptr(),
+    turns = model.rope_turns                      # [max_seq_len, 1, head_dim / 2, 2]: this row's address
+    lib.decode_step(shape, token, position, table.embed, table.head, table.layers, table.final_norm,
+                    turns.data_ptr() + position * turns.stride(0) * turns.element_size(),
                     cache.k.data_ptr(), cache.v.data_ptr(), model.norm.eps, work.data_ptr(),
                     logits.data_ptr(), threads)
     cache.filled(position + 1)
@@ -102,23 +122,33 @@ def stream_weights(model, cache: KVCache) -> None:
     Writes nothing the model or the cache holds."""
     if not 1 <= cache.length <= cache.max_len:
         raise ValueError(f"need a cache holding 1 to max_len={cache.max_len} positions, got {cache.length}")
-    shape, layers, embed, _ = _table(model, cache)
+    shape, table = _table(model, cache)
     threads = torch.get_num_threads()
     lib = native_gemv._library()
     work = _work(lib.step_work_floats(shape, threads))
-    lib.stream_step(shape, cache.length - 1, embed, layers, cache.k.data_ptr(), cache.v.data_ptr(),
-                    work.data_ptr(), threads)
+    lib.stream_step(shape, cache.length - 1, table.head, table.layers, cache.k.data_ptr(),
+                    cache.v.data_ptr(), work.data_ptr(), threads)
 
 
 def hooked(model) -> bool:
-    """Whether any module inside the model has a forward hook or pre-hook, or a global one is set."""
-    hooks = _hook_tables.get(model)
-    if hooks is None:  # each module keeps its hook dicts for life (registering adds to them)
+    """Whether any module inside the model has a forward hook or pre-hook, or a global one is set.
+
+    Every `register_*hook` makes a `RemovableHandle`, whose class counts them (`next_id`): while
+    the count is what it was when a look found no hook, none has been registered since (removing
+    one adds none), and the hundreds of hook dicts are not read again (read just after a step has
+    streamed the weights through the caches, they cost ~50 us of a ~12 ms step)."""
+    seen = _hook_tables.get(model)
+    if seen is None:  # each module keeps its hook dicts for life (registering adds to them)
         inner = list(model.modules())[1:]
-        hooks = [m._forward_hooks for m in inner] + [m._forward_pre_hooks for m in inner]
-        _hook_tables[model] = hooks
-    return bool(any(hooks) or module_hooks._global_forward_hooks
-                or module_hooks._global_forward_pre_hooks)
+        seen = _hook_tables[model] = [[m._forward_hooks for m in inner]
+                                      + [m._forward_pre_hooks for m in inner], None]
+    registered = getattr(RemovableHandle, "next_id", None)
+    if registered is not None and seen[1] == registered:
+        return False
+    found = bool(any(seen[0]) or module_hooks._global_forward_hooks
+                 or module_hooks._global_forward_pre_hooks)
+    seen[1] = None if found else registered
+    return found
 
 
 def _work(floats: int) -> Tensor:
@@ -138,29 +168,83 @@ def _weight_modules(model) -> list:
         block.mlp_norm, block.mlp.gate_up_proj, block.mlp.down_proj)] + [model.embed, model.norm]
 
 
-def _table(model, cache: KVCache):
-    """(the shape array, the table of the blocks' weight pointers, the embedding's pointer, the
-    final norm's pointer) for the C step.
+class _Packed(NamedTuple):
+    """What the C step reads of one model: its weight matrices packed (native_gemv.c's panels, in
+    one buffer), the table of pointers per layer, and what it was built from."""
+    modules: list          # the modules whose weights it read, in `_weight_modules` order
+    weights: list          # those weights (Parameters)
+    pointers: list[int]    # their data pointers and versions when packed (a change repacks)
+    versions: list[int]
+    buffer: Tensor         # the packed matrices, 64-byte aligned, on huge pages where possible
+    layers: ctypes.Array   # per layer: norm, QKV, O, norm, gate/up, down (norms: the model's own)
+    embed: int             # the embedding, input-major (the token's vector is a column)
+    head: int              # the same matrix packed: the tied LM head
+    final_norm: int
 
-    Kept per model and checked at every step (~20 us): each module still holds the same weight
-    object at the same address. A weight replaced (a new Parameter, `.to`, `.data =`) rebuilds the
-    table, after checking the layouts the C code reads."""
+
+def packed_bytes(model) -> int:
+    """Bytes of the packed copy of the weights this model's native steps read (0 before the first)."""
+    packed = _tables.get(model)
+    return packed.buffer.numel() if packed is not None else 0
+
+
+def _table(model, cache: KVCache):
+    """(the shape array, the model's `_Packed`) for the C step.
+
+    Kept per model and checked at every step (~30 us): each module still holds the same weight
+    object at the same address, unchanged since packing by any in-place operation on it (its
+    version counter). A weight replaced (a new Parameter, `.to`, `.data =`) or written in place
+    (`mul_`, `copy_`) packs again, after checking the layouts the C code reads; a write through
+    `.data` bypasses the counter: call `forget(model)` after one."""
     cfg = model.config
     sizes = (ctypes.c_long * 8)(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
                                 cfg.head_dim, cfg.d_ff, cfg.vocab_size, cache.max_len)
-    hit = _tables.get(model)
-    if hit is not None:
-        modules, weights, pointers, table = hit
-        now = [module._parameters["weight"] for module in modules]
-        if all(map(operator.is_, now, weights)) and [w.data_ptr() for w in now] == pointers:
-            return sizes, table, pointers[-2], pointers[-1]
+    packed = _tables.get(model)
+    if packed is not None:
+        now = [module._parameters["weight"] for module in packed.modules]
+        if (all(map(operator.is_, now, packed.weights)) and list(map(_DATA_PTR, now)) == packed.pointers
+                and list(map(_VERSION, now)) == packed.versions):
+            return sizes, packed
+    _tables.pop(model, None)          # the old copy goes before the new one is made
     modules = _weight_modules(model)
     weights = [module._parameters["weight"] for module in modules]
     _check_layouts(model, weights)
-    pointers = [w.data_ptr() for w in weights]
-    table = (ctypes.c_void_p * (len(pointers) - 2))(*pointers[:-2])
-    _tables[model] = (modules, weights, pointers, table)
-    return sizes, table, pointers[-2], pointers[-1]
+    _tables[model] = packed = _pack(modules, weights)
+    return sizes, packed
+
+
+def forget(model) -> None:
+    """Drop this model's packed weights: the next native step packs them again."""
+    _tables.pop(model, None)
+
+
+def _pack(modules: list, weights: list[Tensor]) -> _Packed:
+    """Pack the matrices among the modules' `weights` (all but the norms) into one buffer."""
+    matrices = [w for i, w in enumerate(weights[:-2]) if i % 6 not in (0, 3)] + [weights[-2]]
+    shapes = [(-(-w.shape[1] // PANEL_ROWS), -(-w.shape[0] // PANEL_COLS)) for w in matrices]
+    sizes = [-(-panels * chunks * PANEL_ROWS * PANEL_COLS * 4 // 64) * 64 for panels, chunks in shapes]
+    buffer = (huge_pages.huge_buffer(sum(sizes)) if huge_pages.enabled() and huge_pages.supported()
+              else torch.empty(sum(sizes), dtype=torch.uint8))
+    starts, views = [0], []
+    for w, (panels, chunks), size in zip(matrices, shapes, sizes):
+        view = buffer[starts[-1]:starts[-1] + panels * chunks * PANEL_ROWS * PANEL_COLS * 4]
+        views.append(_pack_into(view.view(torch.float32).view(panels, chunks, PANEL_ROWS, PANEL_COLS), w))
+        starts.append(starts[-1] + size)
+    packed_of = iter(views)
+    layers = [w if i % 6 in (0, 3) else next(packed_of) for i, w in enumerate(weights[:-2])]
+    return _Packed(modules, weights, [w.data_ptr() for w in weights], [w._version for w in weights], buffer,
+                   (ctypes.c_void_p * len(layers))(*(w.data_ptr() for w in layers)),
+                   weights[-2].data_ptr(), views[-1].data_ptr(), weights[-1].data_ptr())
+
+
+def _pack_into(dest: Tensor, weight: Tensor) -> Tensor:
+    """dest [panels, chunks, 8, 16] = weight [out, in] stored input-major, in panels (zeros past
+    its edges): dest[p, c, r, k] = weight[16 c + k, 8 p + r]."""
+    panels, chunks = dest.shape[:2]
+    rows = weight.detach().t()                                        # [in, out], contiguous
+    if rows.shape != (panels * PANEL_ROWS, chunks * PANEL_COLS):
+        rows = F.pad(rows, (0, chunks * PANEL_COLS - rows.shape[1], 0, panels * PANEL_ROWS - rows.shape[0]))
+    return dest.copy_(rows.reshape(panels, PANEL_ROWS, chunks, PANEL_COLS).transpose(1, 2))
 
 
 def _check_layouts(model, weights: list[Tensor]) -> None:

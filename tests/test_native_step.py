@@ -130,11 +130,20 @@ def test_what_someone_watches_runs_as_operators(native_calls, monkeypatch):
     model = build_tiny(seed=8)
     cache = model.new_cache(1, 16)
     model(torch.tensor([[1, 2, 3]]), cache=cache)
+    model(torch.tensor([[3]]), cache=cache)              # native: a look found no hook
+    assert len(native_calls) == 1
+    native_calls.clear()
     seen = []
     handle = model.blocks[1].attn.o_proj.register_forward_hook(lambda m, inp, out: seen.append(out.shape))
     model(torch.tensor([[4]]), cache=cache)
     handle.remove()
     assert seen == [(1, 1, TINY.d_model)] and native_calls == []
+    handle = nn.modules.module.register_module_forward_pre_hook(lambda m, inp: seen.append("global"))
+    model(torch.tensor([[4]]), cache=cache)
+    handle.remove()
+    assert "global" in seen and native_calls == []
+    cache.truncate(5)
+    del seen[1:]
     plain = cache.append
     cache.append = lambda layer, k, v: seen.append(k.shape) or plain(layer, k, v)
     model(torch.tensor([[5]]), cache=cache)
@@ -145,7 +154,7 @@ def test_what_someone_watches_runs_as_operators(native_calls, monkeypatch):
         model(torch.tensor([[6]]), cache=cache)
     assert seen[-1] == "class" and native_calls == []
     model(torch.tensor([[7]]), cache=cache)
-    assert len(native_calls) == 1 and cache.length == 7
+    assert len(native_calls) == 1 and cache.length == 8
 
 
 def test_the_environment_switch_turns_it_off():
@@ -199,3 +208,66 @@ def test_the_floor_reads_and_writes_nothing_the_model_holds():
     assert all(torch.equal(p, state[name]) for name, p in model.state_dict().items())
     with pytest.raises(ValueError, match="1 to max_len"):
         native_step.stream_weights(model, model.new_cache(1, 8))
+
+
+def test_the_packed_layout_puts_every_weight_where_the_c_code_reads_it():
+    """Panel p, chunk c, row r, lane k holds weight[16 c + k, 8 p + r]; zeros past the edges."""
+    n_out, n_in = 37, 13                                  # neither a multiple of 16 nor of 8
+    weight = torch.randn(n_in, n_out).t()                 # input-major, as the model stores it
+    panels, chunks = -(-n_in // 8), -(-n_out // 16)
+    dest = torch.full((panels, chunks, 8, 16), float("nan"))
+    native_step._pack_into(dest, weight)
+    for o in range(chunks * 16):
+        for i in range(panels * 8):
+            want = weight[o, i].item() if o < n_out and i < n_in else 0.0
+            assert dest[i // 8, o // 16, i % 8, o % 16].item() == want, (o, i)
+
+
+def test_the_packed_copy_is_counted_and_dropped_on_request():
+    model = random_model(ODD, seed=9)
+    cache = model.new_cache(1, 8)
+    model(torch.tensor([[1, 2]]), cache=cache)
+    assert native_step.packed_bytes(model) == 0
+    model(torch.tensor([[3]]), cache=cache)
+    matrices = [(m.weight.shape[1], m.weight.shape[0]) for block in model.blocks for m in
+                (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj)]
+    matrices.append((ODD.d_model, ODD.vocab_size))        # the tied head
+    padded = sum(-(-(-(-i // 8) * 8 * -(-o // 16) * 16 * 4) // 64) * 64 for i, o in matrices)
+    assert native_step.packed_bytes(model) == padded
+    native_step.forget(model)
+    assert native_step.packed_bytes(model) == 0
+
+
+def _scale_in_place(model):
+    with torch.no_grad():
+        model.blocks[1].mlp.down_proj.weight.mul_(3)
+
+
+def _assign_data(model):
+    up = model.blocks[0].mlp.gate_up_proj
+    up.weight.data = (up.weight.detach() * -2).t().contiguous().t()   # a new input-major buffer
+
+
+def _load_state(model):
+    state = {name: (2 * p if name == "embed.weight" else p) for name, p in model.state_dict().items()}
+    model.load_state_dict(state)
+
+
+def _through_data_then_forget(model):
+    model.blocks[2].attn.o_proj.weight.data.mul_(0.5)    # bypasses the version counter
+    native_step.forget(model)
+
+
+@pytest.mark.parametrize("change", [_scale_in_place, _assign_data, _load_state, _through_data_then_forget])
+def test_a_weight_changed_after_packing_is_read_as_changed(native_calls, change):
+    model = random_model(ODD, seed=10)
+    cache = model.new_cache(1, 8)
+    model(torch.tensor([[1, 2]]), cache=cache)
+    model(torch.tensor([[3]]), cache=cache)               # packs the weights
+    change(model)
+    model64 = copy.deepcopy(model).double()
+    cache, cache64 = model.new_cache(1, 8), model64.new_cache(1, 8)
+    model(torch.tensor([[1, 2]]), cache=cache), model64(torch.tensor([[1, 2]]), cache=cache64)
+    token = torch.tensor([[4]])
+    assert relative_error(model(token, cache=cache), model64(token, cache=cache64)) < 1e-5
+    assert len(native_calls) == 2

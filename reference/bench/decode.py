@@ -172,7 +172,7 @@ def step_path_note(model) -> str:
     model's operators with the one-row path the race chose, the file it lives in, and why the
     native code is missing when it is."""
     if native_step.runs(model):
-        return "native step (reference/native_step.c)"
+        return "native step (reference/native_step.c, on a packed copy of the weights)"
     path = cpu_linear.one_row_path()
     where = "reference/native_gemv.c" if path == "native" else "reference/cpu_linear.py"
     missing = "" if native_gemv.available() else f"; native code {native_gemv.describe()}"
@@ -198,6 +198,9 @@ def run(args: argparse.Namespace) -> None:
     if args.under_load:
         print()
         under_load_rows(model, hf, ids, args.tokens[0], speeds[args.tokens[0]], args.repeats)
+    if native_step.packed_bytes(model):
+        print(f"\nthe native step's packed copy of the weights: {native_step.packed_bytes(model) / 2**20:.0f} MiB "
+              "beside the model's parameters (and oneDNN's packed copy for the prefill)")
     print("\ntok/s = new tokens / wall time of the whole call (prefill included), median of "
           "--repeats runs; step ms = median decode step; floor = the same matmuls alone; "
           "GB/s = bytes a step must read (weights + K/V at mid-generation) / step time; "
