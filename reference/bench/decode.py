@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import statistics
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -61,23 +62,43 @@ def agreement(ours: list[int], theirs: list[int], stop_ids: list[int] = ()) -> s
     return "yes" if len(ours) == len(theirs) else f"until {min(len(ours), len(theirs))}"
 
 
-def floor_columns(model, step_s: float, floor_s: float, batch: int, context: int,
-                  bandwidth: float) -> str:
-    """'step ms, floor ms, step/floor, GB/s, of copy' against `bandwidth` (bytes/s of a copy)."""
-    achieved = step_bytes(model, context, batch) / step_s
-    return (f"{step_s * 1e3:8.1f} {floor_s * 1e3:9.1f} {step_s / floor_s:10.2f}x "
-            f"{achieved / 1e9:6.1f} {achieved / bandwidth:8.0%}")
+class PairedRun(NamedTuple):
+    """One run of a row and what was measured beside it: its median step, a floor sample taken
+    right after it, and the copy bandwidth around it (the mean of a copy before and one after)."""
+    step_s: float
+    floor_s: float
+    copy_bandwidth: float
+
+
+def paired_run(model, run, batch: int, context: int) -> PairedRun:
+    """Time one run (`run()` returns its step seconds) between two copies, then a floor sample."""
+    before = copy_sample()
+    step_s = statistics.median(run())
+    floor_s = floor_sample(model, batch, context)
+    return PairedRun(step_s, floor_s, (before + copy_sample()) / 2)
+
+
+def floor_columns(model, runs: list[PairedRun], batch: int, context: int) -> str:
+    """'step ms, floor ms, step/floor, GB/s, of copy' over runs: medians of the steps and floors,
+    and of each run's own ratios (its step over the floor beside it, its bytes/s over the copy
+    around it): a shared machine's bandwidth drifts by tens of percent within a minute, so a
+    ratio of two medians taken at different moments can be off by as much."""
+    bytes_per_step = step_bytes(model, context, batch)
+    step_s = statistics.median(r.step_s for r in runs)
+    over_floor = statistics.median(r.step_s / r.floor_s for r in runs)
+    of_copy = statistics.median(bytes_per_step / r.step_s / r.copy_bandwidth for r in runs)
+    return (f"{step_s * 1e3:8.1f} {statistics.median(r.floor_s for r in runs) * 1e3:9.1f} "
+            f"{over_floor:10.2f}x {bytes_per_step / step_s / 1e9:6.1f} {of_copy:8.0%}")
 
 
 def copy_sample() -> float:
-    """One copy-bandwidth measurement (bytes/s, ~0.2 s); rows take one per run, like the floor: a
-    shared machine's bandwidth drifts by tens of percent within a minute."""
+    """One copy-bandwidth measurement (bytes/s, ~0.2 s); rows take two per run (`paired_run`)."""
     return measure.copy_bandwidth(seconds=0.2)
 
 
 def floor_sample(model, batch: int, context: int) -> float:
-    """One floor measurement (median of 3); rows take several, between their runs, so that
-    the floor and the steps it is compared with see the same load. A batch-1 step that runs
+    """One floor measurement (median of 3); rows take one right after each run (`paired_run`),
+    so that the floor and the steps it is compared with see the same load. A batch-1 step that runs
     natively has the native floor: the same reads in one call (`native_step.stream_weights`)."""
     if batch == 1 and native_step.runs(model):
         cache = model.new_cache(batch=1, max_len=context)
@@ -99,23 +120,25 @@ def batch1_rows(model, hf, ids: list[int], stop_ids: list[int], token_counts: li
     speeds = {}
     for n in token_counts:
         naive = time_ours(model, ids, n, False)[0] if n <= naive_max else None
-        cached, theirs, steps, floors, copies = [], [], [], [], []
+        cached, outputs, theirs, runs = [], [], [], []
         context = len(ids) + n // 2                  # mid-generation, for the floor and the bytes
-        for _ in range(repeats):  # interleaved, so a burst of load hits every column
-            seconds, ours_out, stats = time_ours(model, ids, n, True)
+
+        def ours() -> list[float]:                   # one generation; its step times
+            seconds, out, stats = time_ours(model, ids, n, True)
             cached.append(seconds)
-            steps.extend(stats.step_seconds)
-            floors.append(floor_sample(model, 1, context))
-            copies.append(copy_sample())
+            outputs.append(out)
+            return stats.step_seconds
+
+        for _ in range(repeats):  # interleaved, so a burst of load hits every column
+            runs.append(paired_run(model, ours, 1, context))
             hf_seconds, hf_out = time_hf(hf, ids, n)
             theirs.append(hf_seconds)
         cached_s, hf_s = statistics.median(cached), statistics.median(theirs)
         speeds[n] = n / cached_s
         naive_cell = f"{n / naive:12.1f}" if naive else f"{'(skipped)':>12}"
-        floors_cells = floor_columns(model, statistics.median(steps), statistics.median(floors), 1,
-                                     context, statistics.median(copies))
+        floors_cells = floor_columns(model, runs, 1, context)
         print(f"{n:>5} {naive_cell} {n / cached_s:13.1f} {n / hf_s:9.1f} {hf_s / cached_s:9.2f}x "
-              f"{agreement(ours_out, hf_out, stop_ids):>11} {floors_cells}", flush=True)
+              f"{agreement(outputs[-1], hf_out, stop_ids):>11} {floors_cells}", flush=True)
     return speeds
 
 
@@ -142,15 +165,11 @@ def batched_rows(model, ids: list[int], batches: list[int], n: int, repeats: int
     print(header + "\n" + "-" * len(header))
     context = len(ids) + n // 2
     for batch in batches:
-        steps, floors, copies = [], [], []
-        for _ in range(repeats):
-            steps.extend(batched_decode(model, ids, batch, n)[0])
-            floors.append(floor_sample(model, batch, context))
-            copies.append(copy_sample())
-        step_s = statistics.median(steps)
-        floors_cells = floor_columns(model, step_s, statistics.median(floors), batch, context,
-                                     statistics.median(copies))
-        print(f"{batch:>5} {n:>5} {batch / step_s:17.1f} {floors_cells}", flush=True)
+        runs = [paired_run(model, lambda: batched_decode(model, ids, batch, n)[0], batch, context)
+                for _ in range(repeats)]
+        step_s = statistics.median(r.step_s for r in runs)
+        print(f"{batch:>5} {n:>5} {batch / step_s:17.1f} {floor_columns(model, runs, batch, context)}",
+              flush=True)
 
 
 def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repeats: int) -> None:
@@ -204,7 +223,8 @@ def run(args: argparse.Namespace) -> None:
     print("\ntok/s = new tokens / wall time of the whole call (prefill included), median of "
           "--repeats runs; step ms = median decode step; floor = the same matmuls alone; "
           "GB/s = bytes a step must read (weights + K/V at mid-generation) / step time; "
-          "'of copy' = against the median of copies of 128 MiB measured between the runs; 'same as HF': "
+          "step/floor and 'of copy' = medians of each run's own ratio (its median step against a floor "
+          "timed right after it, its GB/s against copies of 128 MiB timed just before and after it); 'same as HF': "
           "'to end N' = equal until our N-th token ends the turn (HF is made to go on).")
 
 
