@@ -53,19 +53,25 @@ def test_switched_off_nothing_moves():
     assert module.big.data_ptr() == before
 
 
-def test_the_loaded_model_reads_its_weights_from_huge_pages_and_gives_the_same_logits(real_model):
+def test_the_loaded_model_reads_its_weights_from_huge_pages_and_gives_the_same_logits(real_model,
+                                                                                        monkeypatch):
     model, tok = real_model
     assert huge_pages.on_huge_pages(model.embed.weight)
     assert all(huge_pages.on_huge_pages(p) for p in model.parameters()
                if p.untyped_storage().nbytes() >= huge_pages.HUGE_PAGE)
     ids = torch.tensor([tok.chat_ids("Hi")])
+    made, real = [], huge_pages.huge_buffer
+    monkeypatch.setattr(huge_pages, "huge_buffer", lambda n: made.append(n) or real(n))
     previous = huge_pages.set_enabled(False)
     try:
         from reference.model import load_model
         plain, _ = load_model("smollm2-135m")
     finally:
         huge_pages.set_enabled(previous)
-    assert not huge_pages.on_huge_pages(plain.embed.weight)
+    # Switched off, loading moves nothing. (Not asked of /proc/self/smaps: once in a full test run
+    # the plain model's embedding was reported inside a mapping advised for huge pages that this
+    # process had not made for it, which the kernel decides, not this switch.)
+    assert made == []
     assert torch.equal(model(ids), plain(ids))
 
 
