@@ -9,8 +9,9 @@
  * reads the t-th of n runs of them (`gemv_packed`) and needs the rows of the input they multiply,
  * which it computes itself, whole, into buffers of its own (the RMSNorm, SwiGLU's silu(gate) * up,
  * attention's merged output: a few thousand floats, so computing all of them costs less than
- * sharing them would, a barrier); its partial product goes to a buffer of its own. After the one barrier per product, each thread adds up all the partials: into the
- * residual stream, of which every thread keeps its own copy, or into the next input. Consecutive
+ * sharing them would, a barrier); its partial product goes to a buffer of its own. After the one
+ * barrier per product, each thread adds up all the partials: into the residual stream, of which
+ * every thread keeps its own copy, or into the next input. Consecutive
  * products alternate between two partial buffers, so a thread that runs ahead never overwrites
  * partials another thread is still reading. Attention is split over key positions (flash
  * decoding): each thread computes a softmax over its own positions with its own running max and
@@ -70,7 +71,6 @@ static long widest_output(const long *shape)
     long widest = shape[VOCAB] > 2 * shape[D_FF] ? shape[VOCAB] : 2 * shape[D_FF];
     return packed_width(widest > qkv_out ? widest : qkv_out);
 }
-
 
 /* sum[j] (+)= partials[0][j] + ... + partials[n - 1][j] for j in [j0, j1); partials `ld` floats apart. */
 static void add_partials(const float *partials, long ld, int n, long j0, long j1, float *sum,
@@ -159,7 +159,8 @@ static void merge_attention(long n_heads, long hd, int n, const float *top, cons
         for (int k = 0; k < n; k++)
             best = top[k * n_heads + h] > best ? top[k * n_heads + h] : best;
         for (int k = 0; k < n; k++) {
-            scale[k] = sum[k * n_heads + h] > 0.0f ? exp_nonpositive(top[k * n_heads + h] - best) : 0.0f;
+            scale[k] = sum[k * n_heads + h] > 0.0f ? exp_nonpositive(top[k * n_heads + h] - best)
+                                                   : 0.0f;
             weight += scale[k] * sum[k * n_heads + h];
         }
         for (long j = h * hd; j < (h + 1) * hd; j++) {
@@ -175,7 +176,8 @@ static void merge_attention(long n_heads, long hd, int n, const float *top, cons
 long step_work_floats(const long *shape, int threads)
 {
     long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
-    long qkv_out = (n_heads + 2 * shape[N_KV_HEADS]) * hd, inputs = d > n_heads * hd ? d : n_heads * hd;
+    long qkv_out = (n_heads + 2 * shape[N_KV_HEADS]) * hd;
+    long inputs = d > n_heads * hd ? d : n_heads * hd;
     return n_heads * shape[MAX_LEN]
            + threads * (d + qkv_out + inputs + shape[D_FF] + 2 * widest_output(shape) + n_heads * hd
                         + 2 * n_heads);
