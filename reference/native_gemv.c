@@ -126,8 +126,8 @@ void gemv_input_major(const float *x, const float *w, float *y, float *scratch, 
  * n_out] as [ceil(n_in / 8)][ceil(n_out / 16)][8][16], zeros past n_in or n_out. A panel (8 rows
  * of w) is one contiguous run of memory in which each 8 x 16 block is read whole, in order: one
  * stream per thread, where the input-major layout's passes read 8 or 16 rows side by side (16
- * streams). Measured on SmolLM2's matrices (2-core AMD EPYC, quiet host, interleaved): 53-55 GB/s
- * against 46-47 for the input-major passes, a plain sum of the same bytes 58-61. */
+ * streams). Measured on SmolLM2's matrices (2-core AMD EPYC, quiet host, interleaved): 52-55 GB/s
+ * against 46-48 for the input-major passes, a plain sum of the same bytes 58-62. */
 #define PANEL_ROWS 8
 #define PANEL_COLS 16
 

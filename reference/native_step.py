@@ -14,8 +14,8 @@ The step reads its own copy of the weight matrices, packed at the model's first 
 (`_pack`) in the order the C code reads them: panels of 8 input rows, each a run of 8 x 16 blocks
 (reference/native_gemv.c), so that each thread streams one contiguous run of memory per matrix.
 Read in the model's input-major layout, a thread's share of a product is 8 or 16 rows read side
-by side, 16 streams at once; on a quiet 2-core AMD EPYC the packed matrices streamed at 53-55 GB/s
-against 46-47 (a plain sum of the same bytes: 58-61), and a decode step ran 1.10-1.13x faster
+by side, 16 streams at once; on a quiet 2-core AMD EPYC the packed matrices streamed at 52-55 GB/s
+against 46-48 (a plain sum of the same bytes: 58-62), and a decode step ran 1.06-1.13x faster
 (README, "Packed weights for the native step"). The cost is memory, the size of the weights
 again (SmolLM2-135M: +513 MiB, `packed_bytes`), beside the parameters the rest of the course
 reads and oneDNN's packed copy for the products of several rows (reference/cpu_linear.py); it
