@@ -63,15 +63,23 @@ def back_with_huge_pages(model: torch.nn.Module) -> int:
              and p.untyped_storage().nbytes() >= HUGE_PAGE]
     if not moved:
         return 0
-    sizes = [-(-p.untyped_storage().nbytes() // 64) * 64 for p in moved]   # 64-byte aligned starts
-    buffer, offset = huge_buffer(sum(sizes)), 0
-    for p, size in zip(moved, sizes):
-        n_bytes = p.untyped_storage().nbytes()
-        place = buffer[offset:offset + n_bytes].view(p.dtype).as_strided(p.shape, p.stride())
+    buffer, places = pieces([p.untyped_storage().nbytes() for p in moved])
+    for p, place in zip(moved, places):
+        place = place.view(p.dtype).as_strided(p.shape, p.stride())
         place.copy_(p.detach())
         p.data = place
-        offset += size
-    return offset
+    return buffer.numel()
+
+
+def pieces(n_bytes: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """(one buffer, uint8 pieces of it of these sizes, each starting on a 64-byte boundary): on
+    huge pages where they are switched on and supported, else in ordinary memory."""
+    starts = [0]
+    for size in n_bytes:
+        starts.append(starts[-1] + -(-size // 64) * 64)
+    buffer = (huge_buffer(starts[-1]) if enabled() and supported()
+              else torch.empty(starts[-1], dtype=torch.uint8))
+    return buffer, [buffer[start:start + size] for start, size in zip(starts, n_bytes)]
 
 
 def on_huge_pages(tensor: torch.Tensor) -> bool:

@@ -35,11 +35,9 @@ import ctypes
 import operator
 import threading
 import weakref
-
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
@@ -223,14 +221,10 @@ def _pack(modules: list, weights: list[Tensor]) -> _Packed:
     """Pack the matrices among the modules' `weights` (all but the norms) into one buffer."""
     matrices = [w for i, w in enumerate(weights[:-2]) if i % 6 not in (0, 3)] + [weights[-2]]
     shapes = [(-(-w.shape[1] // PANEL_ROWS), -(-w.shape[0] // PANEL_COLS)) for w in matrices]
-    sizes = [-(-panels * chunks * PANEL_ROWS * PANEL_COLS * 4 // 64) * 64 for panels, chunks in shapes]
-    buffer = (huge_pages.huge_buffer(sum(sizes)) if huge_pages.enabled() and huge_pages.supported()
-              else torch.empty(sum(sizes), dtype=torch.uint8))
-    starts, views = [0], []
-    for w, (panels, chunks), size in zip(matrices, shapes, sizes):
-        view = buffer[starts[-1]:starts[-1] + panels * chunks * PANEL_ROWS * PANEL_COLS * 4]
-        views.append(_pack_into(view.view(torch.float32).view(panels, chunks, PANEL_ROWS, PANEL_COLS), w))
-        starts.append(starts[-1] + size)
+    buffer, places = huge_pages.pieces([panels * chunks * PANEL_ROWS * PANEL_COLS * 4
+                                        for panels, chunks in shapes])
+    views = [_pack_into(place.view(torch.float32).view(panels, chunks, PANEL_ROWS, PANEL_COLS), w)
+             for w, (panels, chunks), place in zip(matrices, shapes, places)]
     packed_of = iter(views)
     layers = [w if i % 6 in (0, 3) else next(packed_of) for i, w in enumerate(weights[:-2])]
     return _Packed(modules, weights, [w.data_ptr() for w in weights], [w._version for w in weights], buffer,
@@ -243,8 +237,10 @@ def _pack_into(dest: Tensor, weight: Tensor) -> Tensor:
     its edges): dest[p, c, r, k] = weight[16 c + k, 8 p + r]."""
     panels, chunks = dest.shape[:2]
     rows = weight.detach().t()                                        # [in, out], contiguous
-    if rows.shape != (panels * PANEL_ROWS, chunks * PANEL_COLS):
-        rows = F.pad(rows, (0, chunks * PANEL_COLS - rows.shape[1], 0, panels * PANEL_ROWS - rows.shape[0]))
+    if rows.shape != (panels * PANEL_ROWS, chunks * PANEL_COLS):      # widen with zeros
+        whole = rows.new_zeros(panels * PANEL_ROWS, chunks * PANEL_COLS)
+        whole[:rows.shape[0], :rows.shape[1]] = rows
+        rows = whole
     return dest.copy_(rows.reshape(panels, PANEL_ROWS, chunks, PANEL_COLS).transpose(1, 2))
 
 
