@@ -19,7 +19,7 @@
  * linked against the OpenMP runtime torch already loaded, they are torch's own pool.
  *
  * The batch-1 decode step (native_step.c) reads its own copy of the weights, packed so that each
- * thread's share is one stream (`gemv_packed`, at the end of this file). */
+ * thread's share is one stream (`gemv_panels` and `gemv_strips`, at the end of this file). */
 #include <string.h>
 #ifdef _OPENMP
 #include <omp.h>
@@ -160,6 +160,21 @@ long packed_width(long n_out)
     return (n_out + PANEL_COLS - 1) / PANEL_COLS * PANEL_COLS;
 }
 
+/* partial [packed_width(n_out)] = x[:n_in] @ the panels [p0, p1) of a packed matrix (the rows
+ * [8 p0, 8 p1) of w): one contiguous stream. The product is the sum of such partials over panel
+ * ranges that cover the matrix. */
+void gemv_panels(const float *x, const float *packed, float *partial, long n_in, long n_out,
+                 long p0, long p1)
+{
+    long width = packed_width(n_out);
+    memset(partial, 0, width * sizeof(float));
+    for (long p = p0; p < p1; p++) {
+        long rows = n_in - p * PANEL_ROWS < PANEL_ROWS ? n_in - p * PANEL_ROWS : PANEL_ROWS;
+        panel_pass(x + p * PANEL_ROWS, packed + p * PANEL_ROWS * width, partial, width / PANEL_COLS,
+                   rows);
+    }
+}
+
 /* Called by every thread t of an enclosing region of n threads: this thread's share of
  * x[:n_in] @ packed into partial [packed_width(n_out)]: the sum over its panels, the t-th of n
  * equal runs of them (one contiguous stream). The product is the sum of the n threads' partials
@@ -175,11 +190,29 @@ void gemv_packed(const float *x, const float *packed, float *partial, long n_in,
 #else
     int t = 0, n = 1;
 #endif
-    long panels = (n_in + PANEL_ROWS - 1) / PANEL_ROWS, width = packed_width(n_out);
-    memset(partial, 0, width * sizeof(float));
-    for (long p = panels * t / n; p < panels * (t + 1) / n; p++) {
-        long rows = n_in - p * PANEL_ROWS < PANEL_ROWS ? n_in - p * PANEL_ROWS : PANEL_ROWS;
-        panel_pass(x + p * PANEL_ROWS, packed + p * PANEL_ROWS * width, partial, width / PANEL_COLS,
-                   rows);
+    long panels = (n_in + PANEL_ROWS - 1) / PANEL_ROWS;
+    gemv_panels(x, packed, partial, n_in, n_out, panels * t / n, panels * (t + 1) / n);
+}
+
+/* The strip layout, for the products a thread computes whole columns of (native_step.c): w
+ * [n_in, n_out] as [strips][n_in][32], strip g holding 32 columns of w (which ones is the packer's
+ * choice: native_step.py), zeros for columns past the edge. A strip is one contiguous run; the
+ * 32 sums of a strip stay in registers over all n_in rows, so y is written once, whole: no
+ * partials to add across threads, and the same sums at any thread count. */
+#define STRIP_COLS 32
+
+/* y[32 g + k] = x[:n_in] @ strips[g][:, k] for the strips g in [first, last), k < 32 and
+ * 32 g + k < n_out (y holds n_out floats). */
+void gemv_strips(const float *x, const float *strips, float *y, long n_in, long n_out, long first,
+                 long last)
+{
+    for (long g = first; g < last; g++) {
+        const float *strip = strips + g * n_in * STRIP_COLS;
+        float acc[STRIP_COLS] = {0.0f};
+        for (long r = 0; r < n_in; r++)
+            for (int k = 0; k < STRIP_COLS; k++)
+                acc[k] += x[r] * strip[r * STRIP_COLS + k];
+        long cols = n_out - g * STRIP_COLS < STRIP_COLS ? n_out - g * STRIP_COLS : STRIP_COLS;
+        memcpy(y + g * STRIP_COLS, acc, cols * sizeof(float));
     }
 }

@@ -24,7 +24,7 @@ load). It is called through ctypes (which releases the GIL) with the tensors' da
 each, were 1.8x slower than OpenMP).
 
 The same library holds the batch-1 decode step (reference/native_step.c, one call per step,
-reading its own packed copy of the weights with `gemv_packed`, below this GEMV in the same file)
+reading its own packed copy of the weights with `gemv_panels` and `gemv_strips`, below this GEMV)
 and the engine's native pieces: its decode attention read in the paged pool
 (native_attention.c) and its steps' element-wise work (native_batch.c). Where there is no
 compiler, the build fails, or REFERENCE_NATIVE_GEMV=0, `available()` is False: `reference.cpu_linear`

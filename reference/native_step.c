@@ -2,23 +2,27 @@
  * a single OpenMP region: the same arithmetic as `Llama.forward` on a contiguous KV cache, with
  * the hundreds of small torch operators between the matrix products (norms, RoPE, the cache writes,
  * attention, SiLU, residual adds) replaced by loops the threads run between barriers. Built with
- * native_gemv.c (`gemv_packed` streams each weight matrix, packed in panels of 8 rows) and called
- * by reference/native_step.py, which packs the weights and says when and why.
+ * native_gemv.c (the packed GEMVs) and called by reference/native_step.py, which packs the weights
+ * and says when and why.
  *
- * Every thread runs the whole step. A matrix product is split by the weight's panels: thread t
- * reads the t-th of n runs of them (`gemv_packed`) and needs the rows of the input they multiply,
- * which it computes itself, whole, into buffers of its own (the RMSNorm, SwiGLU's silu(gate) * up,
- * attention's merged output: a few thousand floats, so computing all of them costs less than
- * sharing them would, a barrier); its partial product goes to a buffer of its own. After the one
- * barrier per product, each thread adds up all the partials: into the residual stream, of which
- * every thread keeps its own copy, or into the next input. Consecutive
- * products alternate between two partial buffers, so a thread that runs ahead never overwrites
- * partials another thread is still reading. Attention is split over key positions (flash
- * decoding): each thread computes a softmax over its own positions with its own running max and
- * sum, and the per-thread results are merged exactly after a barrier (the online-softmax
- * rescaling of chapters 06-07). The last thread, whose positions include the new one, writes the
- * new key and value into the cache: no thread reads a position another writes. Five barriers
- * per layer. */
+ * Every thread runs the whole step, and each product is split so that a thread streams one
+ * contiguous run of its weight:
+ *  - QKV, gate/up and the LM head by columns (`gemv_strips`): thread t computes whole outputs, the
+ *    t-th run of the matrix's strips of 32 columns. Its QKV columns it rotates (RoPE) and writes
+ *    to the cache itself; gate/up is packed so that a strip holds 16 gate columns and the 16 up
+ *    columns they pair with, so the thread computes silu(gate) * up for 16 hidden units a strip
+ *    with nothing from another thread.
+ *  - the output and down projections by input rows (`gemv_panels`): a thread needs only the rows
+ *    of the input its panels multiply and writes a partial product; after a barrier every thread
+ *    adds all partials into the residual stream, of which it keeps its own copy. The down
+ *    projection's rows are the hidden units the thread computed itself, so gate/up and down run
+ *    back to back, with no barrier between them.
+ * Attention is split over key positions (flash decoding): each thread computes a softmax over its
+ * own positions with its own running max and sum, and the per-thread results are merged exactly
+ * after a barrier (the online-softmax rescaling of chapters 06-07). Four barriers per layer: after
+ * QKV, after attention, after the output projection, after down. Inputs that every thread needs
+ * whole (the RMSNorms, the merged attention output: a few thousand floats) each thread computes
+ * itself: that costs less than sharing them would, a barrier. */
 #include <math.h>
 #include <string.h>
 #ifdef _OPENMP
@@ -32,7 +36,13 @@
 #include "native_math.h"   /* after the pragma: its functions inline into loops compiled under it */
 
 void gemv_packed(const float *x, const float *packed, float *partial, long n_in, long n_out);
+void gemv_panels(const float *x, const float *packed, float *partial, long n_in, long n_out,
+                 long p0, long p1);
+void gemv_strips(const float *x, const float *strips, float *y, long n_in, long n_out, long first,
+                 long last);
 long packed_width(long n_out);
+
+#define STRIP_COLS 32   /* columns of a strip (native_gemv.c) */
 
 enum { D_MODEL, N_LAYERS, N_HEADS, N_KV_HEADS, HEAD_DIM, D_FF, VOCAB, MAX_LEN, N_SHAPE };
 enum { ATTN_NORM, QKV, O_PROJ, MLP_NORM, GATE_UP, DOWN, PER_LAYER };
@@ -63,15 +73,6 @@ static int thread_count(void)
 #endif
 }
 
-/* Floats of one thread's partial product: the widest output of any product (QKV, gate/up, head),
- * padded as the packed matrices are. */
-static long widest_output(const long *shape)
-{
-    long qkv_out = (shape[N_HEADS] + 2 * shape[N_KV_HEADS]) * shape[HEAD_DIM];
-    long widest = shape[VOCAB] > 2 * shape[D_FF] ? shape[VOCAB] : 2 * shape[D_FF];
-    return packed_width(widest > qkv_out ? widest : qkv_out);
-}
-
 /* sum[j] (+)= partials[0][j] + ... + partials[n - 1][j] for j in [j0, j1); partials `ld` floats apart. */
 static void add_partials(const float *partials, long ld, int n, long j0, long j1, float *sum,
                          int accumulate)
@@ -91,32 +92,29 @@ static void rms_norm(const float *x, const float *weight, float *out, long d, fl
         out[j] = x[j] * scale * weight[j];
 }
 
-/* hidden[:d_ff] = silu(gate) * up, where [gate | up] [2 d_ff] is the sum of n partials `ld` floats
- * apart; silu(g) = g / (1 + e^-g), from e^-|g| <= 1 as native_batch.c computes it. */
-static void swiglu_partials(const float *partials, long ld, int n, long d_ff, float *hidden)
+/* hidden[16 g + k] = silu(gate) * up for the strips g in [first, last) of gate/up, whose products
+ * gate_up holds: [gate | up] for hidden units 16 g ... 16 g + 15 at gate_up[32 g ...]. silu(g) =
+ * g / (1 + e^-g), from e^-|g| <= 1 as native_batch.c computes it. */
+static void swiglu_strips(const float *gate_up, long first, long last, float *hidden)
 {
-    for (long j = 0; j < d_ff; j++) {
-        float gate = 0.0f, up = 0.0f;
-        for (int k = 0; k < n; k++) {
-            gate += partials[k * ld + j];
-            up += partials[k * ld + d_ff + j];
+    for (long g = first; g < last; g++)
+        for (int k = 0; k < STRIP_COLS / 2; k++) {
+            float gate = gate_up[g * STRIP_COLS + k], up = gate_up[g * STRIP_COLS + STRIP_COLS / 2 + k];
+            float e = exp_nonpositive(-fabsf(gate));
+            hidden[g * STRIP_COLS / 2 + k] = gate * (gate >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e)) * up;
         }
-        float e = exp_nonpositive(-fabsf(gate));
-        hidden[j] = gate * (gate >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e)) * up;
-    }
 }
 
-/* Rotate adjacent pairs (a, b) of each of `heads` heads of x [heads, hd] by turns [hd / 2][2]
- * (cos, sin): (a + ib)(c + is), as `rotate_complex_` does. */
-static void rotate(float *x, long heads, long hd, const float *turns)
+/* Rotate the adjacent pairs (a, b) among the columns [c0, c1) (c0 even) of x, whose first
+ * `rotated` columns are heads of hd, by turns [hd / 2][2] (cos, sin): (a + ib)(c + is), as
+ * `rotate_complex_` does; the columns from `rotated` on are left. */
+static void rotate_columns(float *x, long c0, long c1, long rotated, long hd, const float *turns)
 {
-    for (long h = 0; h < heads; h++)
-        for (long i = 0; i < hd / 2; i++) {
-            float a = x[h * hd + 2 * i], b = x[h * hd + 2 * i + 1];
-            float c = turns[2 * i], s = turns[2 * i + 1];
-            x[h * hd + 2 * i] = a * c - b * s;
-            x[h * hd + 2 * i + 1] = b * c + a * s;
-        }
+    for (long c = c0; c + 1 < c1 && c < rotated; c += 2) {
+        float a = x[c], b = x[c + 1], cosine = turns[c % hd], sine = turns[c % hd + 1];
+        x[c] = a * cosine - b * sine;
+        x[c + 1] = b * cosine + a * sine;
+    }
 }
 
 /* This thread's part of attention: query heads q [n_heads, hd] over key positions [s0, s1) of
@@ -138,12 +136,13 @@ static void attend_positions(const long *shape, const float *q, const float *k, 
             row[s] = dot(qh, kh + s * hd, hd) * scale;
             best = row[s] > best ? row[s] : best;
         }
-        for (long s = s0; s < s1; s++) {
-            float p = exp_nonpositive(row[s] - best);
-            total += p;
-            for (long j = 0; j < hd; j++)
-                out[h * hd + j] += p * vh[s * hd + j];
+        for (long s = s0; s < s1; s++) {   /* apart from the sums below, so that it is vectorised */
+            row[s] = exp_nonpositive(row[s] - best);
+            total += row[s];
         }
+        for (long s = s0; s < s1; s++)
+            for (long j = 0; j < hd; j++)
+                out[h * hd + j] += row[s] * vh[s * hd + j];
         top[h] = best;
         sum[h] = total;
     }
@@ -172,25 +171,67 @@ static void merge_attention(long n_heads, long hd, int n, const float *top, cons
     }
 }
 
+/* The part [*first, *last) of `count` strips or panels that thread t of n reads. */
+static void share(long count, int t, int n, long *first, long *last)
+{
+    *first = count * t / n;
+    *last = count * (t + 1) / n;
+}
+
+/* Strips of each product split by columns: QKV and the head 32 columns a strip, gate/up 16 hidden
+ * units (their gate and up columns). */
+static long strips(long columns, long per_strip)
+{
+    return (columns + per_strip - 1) / per_strip;
+}
+
+/* The work buffer of decode_step and stream_step, in floats from its start: shared buffers, each
+ * thread writing only its own part of them, then buffers of which each thread has its own. */
+typedef struct {
+    long scores, qkv, gate_up, hidden, sink;     /* shared */
+    long streams, ins, partials, att_out, att_top, att_sum, end;   /* [threads][...] each */
+    long inputs;                                 /* floats of each thread's `ins` */
+} WorkLayout;
+
+static WorkLayout work_layout(const long *shape, int threads)
+{
+    long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
+    long qkv_out = (n_heads + 2 * shape[N_KV_HEADS]) * hd, d_ff = shape[D_FF];
+    long inputs = d > n_heads * hd ? d : n_heads * hd;
+    inputs = inputs > d_ff ? inputs : d_ff;
+    long qkv_strips = strips(qkv_out, STRIP_COLS), gate_up_strips = strips(d_ff, STRIP_COLS / 2);
+    long head_strips = strips(shape[VOCAB], STRIP_COLS);
+    WorkLayout w;
+    w.inputs = inputs;
+    w.scores = 0;
+    w.qkv = w.scores + n_heads * shape[MAX_LEN];
+    w.gate_up = w.qkv + qkv_strips * STRIP_COLS;
+    w.hidden = w.gate_up + gate_up_strips * STRIP_COLS;
+    w.sink = w.hidden + gate_up_strips * STRIP_COLS / 2;
+    w.streams = w.sink + (head_strips > qkv_strips ? head_strips : qkv_strips) * STRIP_COLS;
+    w.ins = w.streams + threads * d;
+    w.partials = w.ins + threads * inputs;
+    w.att_out = w.partials + 2 * threads * packed_width(d);
+    w.att_top = w.att_out + threads * n_heads * hd;
+    w.att_sum = w.att_top + threads * n_heads;
+    w.end = w.att_sum + threads * n_heads;
+    return w;
+}
+
 /* Floats of `work` that decode_step (and stream_step) need for these sizes and threads. */
 long step_work_floats(const long *shape, int threads)
 {
-    long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
-    long qkv_out = (n_heads + 2 * shape[N_KV_HEADS]) * hd;
-    long inputs = d > n_heads * hd ? d : n_heads * hd;
-    return n_heads * shape[MAX_LEN]
-           + threads * (d + qkv_out + inputs + shape[D_FF] + 2 * widest_output(shape) + n_heads * hd
-                        + 2 * n_heads);
+    return work_layout(shape, threads).end;
 }
 
 /* logits[:vocab] for `token` at position `pos`, writing its keys and values at `pos` of every
  * layer of k_cache, v_cache [n_layers, n_kv_heads, max_len, hd] (positions < pos already hold
  * the prefix). shape: the N_SHAPE sizes above. embed: [d_model, vocab], the embedding stored
- * input-major (its column `token` is the token's vector); head: the same matrix packed (the tied
- * LM head). layers: PER_LAYER pointers per layer, the norms' weights [d] and the products' packed
- * weights (native_gemv.c) of [in, out] = QKV [d, (n_heads + 2 n_kv) hd], O [n_heads hd, d],
- * gate/up [d, 2 d_ff], down [d_ff, d]. turns: [hd / 2][2] (cos, sin) for `pos`. work:
- * `step_work_floats(shape, threads)` floats. */
+ * input-major (its column `token` is the token's vector); head: the same matrix in strips (the
+ * tied LM head). layers: PER_LAYER pointers per layer: the norms' weights [d], QKV [d, (n_heads +
+ * 2 n_kv) hd] and gate/up [d, 2 d_ff] in strips, O [n_heads hd, d] and down [d_ff, d] in panels
+ * (native_gemv.c). turns: [hd / 2][2] (cos, sin) for `pos`. work: `step_work_floats(shape,
+ * threads)` floats. */
 void decode_step(const long *shape, long token, long pos, const float *embed, const float *head,
                  const float *const *layers, const float *final_norm, const float *turns,
                  float *k_cache, float *v_cache, float eps, float *work, float *logits,
@@ -199,22 +240,22 @@ void decode_step(const long *shape, long token, long pos, const float *embed, co
     long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
     long n_kv = shape[N_KV_HEADS], d_ff = shape[D_FF], vocab = shape[VOCAB];
     long max_len = shape[MAX_LEN], qkv_out = (n_heads + 2 * n_kv) * hd, layer_size = n_kv * max_len * hd;
-    long widest = widest_output(shape), inputs = d > n_heads * hd ? d : n_heads * hd;
-    /* Shared, each thread writing only its own positions: */
-    float *scores = work;
-    /* One per thread: */
-    float *streams = scores + n_heads * max_len, *qkvs = streams + threads * d;
-    float *ins = qkvs + threads * qkv_out, *hiddens = ins + threads * inputs;
-    float *partials = hiddens + threads * d_ff;            /* [2][threads][widest] */
-    float *att_out = partials + 2 * threads * widest;       /* [threads][n_heads * hd] */
-    float *att_top = att_out + threads * n_heads * hd, *att_sum = att_top + threads * n_heads;
+    long width = packed_width(d), rows_down = (d_ff + 7) / 8;
+    WorkLayout at = work_layout(shape, threads);
+    float *scores = work + at.scores, *qkv = work + at.qkv, *gate_up = work + at.gate_up;
+    float *hidden = work + at.hidden;
 
     #pragma omp parallel num_threads(threads)
     {
         int t = thread_id(), n = thread_count();
-        float *x = streams + t * d, *qkv = qkvs + t * qkv_out, *in = ins + t * inputs;
-        float *hidden = hiddens + t * d_ff;
-        float *even = partials, *odd = partials + n * widest;   /* alternate between products */
+        float *x = work + at.streams + t * d, *in = work + at.ins + t * at.inputs;
+        float *o_partials = work + at.partials, *down_partials = o_partials + n * width;
+        long q0, q1, g0, g1, h0, h1;
+        share(strips(qkv_out, STRIP_COLS), t, n, &q0, &q1);
+        share(strips(d_ff, STRIP_COLS / 2), t, n, &g0, &g1);
+        share(strips(vocab, STRIP_COLS), t, n, &h0, &h1);
+        long p0 = 2 * g0 < rows_down ? 2 * g0 : rows_down, p1 = 2 * g1 < rows_down ? 2 * g1 : rows_down;
+        long c0 = q0 * STRIP_COLS, c1 = q1 * STRIP_COLS < qkv_out ? q1 * STRIP_COLS : qkv_out;
         long s0 = (pos + 1) * t / n, s1 = (pos + 1) * (t + 1) / n;
         for (long j = 0; j < d; j++)
             x[j] = embed[j * vocab + token];
@@ -223,37 +264,31 @@ void decode_step(const long *shape, long token, long pos, const float *embed, co
             float *k = k_cache + layer * layer_size, *v = v_cache + layer * layer_size;
 
             rms_norm(x, w[ATTN_NORM], in, d, eps);
-            gemv_packed(in, w[QKV], even + t * widest, d, qkv_out);
+            gemv_strips(in, w[QKV], qkv, d, qkv_out, q0, q1);
+            rotate_columns(qkv, c0, c1, (n_heads + n_kv) * hd, hd, turns);
+            for (long c = c0 > n_heads * hd ? c0 : n_heads * hd; c < c1; c++) {   /* K and V at pos */
+                long kv = c - n_heads * hd, cache = kv < n_kv * hd ? 0 : 1;
+                long g = kv / hd % n_kv, j = kv % hd;
+                (cache ? v : k)[(g * max_len + pos) * hd + j] = qkv[c];
+            }
             barrier();
-            add_partials(even, widest, n, 0, qkv_out, qkv, 0);
-            rotate(qkv, n_heads + n_kv, hd, turns);
-            if (t == n - 1)
-                for (long g = 0; g < n_kv; g++) {
-                    memcpy(k + (g * max_len + pos) * hd, qkv + (n_heads + g) * hd, hd * sizeof(float));
-                    memcpy(v + (g * max_len + pos) * hd, qkv + (n_heads + n_kv + g) * hd, hd * sizeof(float));
-                }
-            attend_positions(shape, qkv, k, v, s0, s1, scores, att_top + t * n_heads,
-                             att_sum + t * n_heads, att_out + t * n_heads * hd);
+            attend_positions(shape, qkv, k, v, s0, s1, scores, work + at.att_top + t * n_heads,
+                             work + at.att_sum + t * n_heads, work + at.att_out + t * n_heads * hd);
             barrier();
-            merge_attention(n_heads, hd, n, att_top, att_sum, att_out, in);
-            gemv_packed(in, w[O_PROJ], odd + t * widest, n_heads * hd, d);
+            merge_attention(n_heads, hd, n, work + at.att_top, work + at.att_sum, work + at.att_out, in);
+            gemv_packed(in, w[O_PROJ], o_partials + t * width, n_heads * hd, d);
             barrier();
-            add_partials(odd, widest, n, 0, d, x, 1);
+            add_partials(o_partials, width, n, 0, d, x, 1);
 
             rms_norm(x, w[MLP_NORM], in, d, eps);
-            gemv_packed(in, w[GATE_UP], even + t * widest, d, 2 * d_ff);
+            gemv_strips(in, w[GATE_UP], gate_up, d, (g1 > g0 ? g1 : g0) * STRIP_COLS, g0, g1);
+            swiglu_strips(gate_up, g0, g1, hidden);
+            gemv_panels(hidden, w[DOWN], down_partials + t * width, d_ff, d, p0, p1);
             barrier();
-            swiglu_partials(even, widest, n, d_ff, hidden);
-            gemv_packed(hidden, w[DOWN], odd + t * widest, d_ff, d);
-            barrier();
-            add_partials(odd, widest, n, 0, d, x, 1);
+            add_partials(down_partials, width, n, 0, d, x, 1);
         }
         rms_norm(x, final_norm, in, d, eps);
-        gemv_packed(in, head, even + t * widest, d, vocab);
-        barrier();
-        long per = ((vocab + n - 1) / n + 15) / 16 * 16;      /* 64-byte aligned column ranges */
-        long c0 = t * per < vocab ? t * per : vocab, c1 = c0 + per < vocab ? c0 + per : vocab;
-        add_partials(even, widest, n, c0, c1, logits, 0);
+        gemv_strips(in, head, logits, d, vocab, h0, h1);
     }
 }
 
@@ -268,32 +303,35 @@ void stream_step(const long *shape, long pos, const float *head, const float *co
     long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
     long n_kv = shape[N_KV_HEADS], d_ff = shape[D_FF], vocab = shape[VOCAB];
     long max_len = shape[MAX_LEN], qkv_out = (n_heads + 2 * n_kv) * hd, layer_size = n_kv * max_len * hd;
-    long widest = widest_output(shape);
-    float *inputs = work, *scores = inputs + d_ff + d;
-    float *partials = scores + n_heads * max_len, *att_out = partials + threads * widest;
-    float *att_top = att_out + threads * n_heads * hd, *att_sum = att_top + threads * n_heads;
-    memset(inputs, 0, (d_ff + d) * sizeof(float));
+    long width = packed_width(d), rows_down = (d_ff + 7) / 8;
+    WorkLayout at = work_layout(shape, threads);
+    float *inputs = work + at.ins, *sink = work + at.sink, *scores = work + at.scores;
+    memset(inputs, 0, (at.partials - at.ins) * sizeof(float));
 
     #pragma omp parallel num_threads(threads)
     {
         int t = thread_id(), n = thread_count();
-        float *mine = partials + t * widest;
+        float *mine = work + at.partials + t * width;
+        long q0, q1, g0, g1, h0, h1;
+        share(strips(qkv_out, STRIP_COLS), t, n, &q0, &q1);
+        share(strips(d_ff, STRIP_COLS / 2), t, n, &g0, &g1);
+        share(strips(vocab, STRIP_COLS), t, n, &h0, &h1);
+        long p0 = 2 * g0 < rows_down ? 2 * g0 : rows_down, p1 = 2 * g1 < rows_down ? 2 * g1 : rows_down;
         long s0 = (pos + 1) * t / n, s1 = (pos + 1) * (t + 1) / n;
         for (long layer = 0; layer < shape[N_LAYERS]; layer++) {
             const float *const *w = layers + layer * PER_LAYER;
-            gemv_packed(inputs, w[QKV], mine, d, qkv_out);
+            gemv_strips(inputs, w[QKV], sink, d, qkv_out, q0, q1);
             barrier();
             attend_positions(shape, inputs, k_cache + layer * layer_size, v_cache + layer * layer_size,
-                             s0, s1, scores, att_top + t * n_heads, att_sum + t * n_heads,
-                             att_out + t * n_heads * hd);
+                             s0, s1, scores, work + at.att_top + t * n_heads, work + at.att_sum + t * n_heads,
+                             work + at.att_out + t * n_heads * hd);
             barrier();
             gemv_packed(inputs, w[O_PROJ], mine, n_heads * hd, d);
             barrier();
-            gemv_packed(inputs, w[GATE_UP], mine, d, 2 * d_ff);
-            barrier();
-            gemv_packed(inputs, w[DOWN], mine, d_ff, d);
+            gemv_strips(inputs, w[GATE_UP], sink, d, (g1 > g0 ? g1 : g0) * STRIP_COLS, g0, g1);
+            gemv_panels(inputs, w[DOWN], mine, d_ff, d, p0, p1);
             barrier();
         }
-        gemv_packed(inputs, head, mine, d, vocab);
+        gemv_strips(inputs, head, sink, d, vocab, h0, h1);
     }
 }

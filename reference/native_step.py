@@ -11,16 +11,21 @@ one thread's output feeds another's. Measured there (README, "A native decode st
 within 3-4% of its floor, 1.4x faster than the operators at 2 threads and 1.6x at 1.
 
 The step reads its own copy of the weight matrices, packed at the model's first native step
-(`_pack`) in the order the C code reads them: panels of 8 input rows, each a run of 8 x 16 blocks
-(reference/native_gemv.c), so that each thread streams one contiguous run of memory per matrix.
-Read in the model's input-major layout, a thread's share of a product is 8 or 16 rows read side
-by side, 16 streams at once; on a quiet 2-core AMD EPYC the packed matrices streamed at 52-55 GB/s
-against 46-48 (a plain sum of the same bytes: 58-62), and a decode step ran 1.06-1.13x faster
-(README, "Packed weights for the native step"). The cost is memory, the size of the weights
-again (SmolLM2-135M: +513 MiB, `packed_bytes`), beside the parameters the rest of the course
-reads and oneDNN's packed copy for the products of several rows (reference/cpu_linear.py); it
-lives as long as the model, `forget` drops it, and REFERENCE_NATIVE_STEP=0 never makes it. A
-weight replaced or changed in place after packing is packed again at the next step (`_table`).
+(`_pack`) in the order the C code reads them, so that each thread streams one contiguous run of
+memory per matrix (reference/native_gemv.c). The products whose outputs a thread computes whole
+(QKV, gate/up, the LM head) are packed in strips of 32 columns, [in, 32] each; gate/up's strips
+pair 16 gate columns with the 16 up columns they multiply, so that a thread computes its hidden
+units' silu(gate) * up alone. The products split by input rows (the output and down projections)
+are packed in panels of 8 rows, runs of 8 x 16 blocks. Read in the model's input-major layout, a
+thread's share of a product is 8 or 16 rows read side by side, 16 streams at once; on a quiet
+2-core AMD EPYC the panels streamed at 52-55 GB/s against 46-48 (a plain sum of the same bytes:
+58-62), and a decode step ran 1.06-1.13x faster; strips for QKV, gate/up and the head, which also
+drop a barrier and the sum of the threads' partials, made it another 3% faster (README, "Packed
+weights for the native step"). The cost is memory, the size of the weights again (SmolLM2-135M:
++513 MiB, `packed_bytes`), beside the parameters the rest of the course reads and oneDNN's packed
+copy for the products of several rows (reference/cpu_linear.py); it lives as long as the model,
+`forget` drops it, and REFERENCE_NATIVE_STEP=0 never makes it. A weight replaced or changed in
+place after packing is packed again at the next step (`_table`).
 
 `Llama.forward` takes this path by itself when it is serving what it serves, and `serves` says
 when: one new token for one sequence over a `KVCache`, float32 on the CPU, the default "sdpa"
@@ -51,8 +56,8 @@ enabled, set_enabled = _switch.enabled, _switch.set_enabled
 
 # model -> its `_Packed` weights (built at its first native step).
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-PANEL_ROWS, PANEL_COLS = 8, 16
-_DATA_PTR, _VERSION = Tensor.data_ptr, operator.attrgetter("_version")   # the packed layout's blocks (native_gemv.c)
+PANEL_ROWS, PANEL_COLS, STRIP_COLS = 8, 16, 32   # the packed layouts' blocks (native_gemv.c)
+_DATA_PTR, _VERSION = Tensor.data_ptr, operator.attrgetter("_version")
 _scratch = threading.local()
 # model -> [the forward hook and pre-hook dicts of every module inside it (its structure is fixed
 # once built), the count of hook handles when a look last found none of them holding a hook].
@@ -167,8 +172,8 @@ def _weight_modules(model) -> list:
 
 
 class _Packed(NamedTuple):
-    """What the C step reads of one model: its weight matrices packed (native_gemv.c's panels, in
-    one buffer), the table of pointers per layer, and what it was built from."""
+    """What the C step reads of one model: its weight matrices packed (native_gemv.c's strips and
+    panels, in one buffer), the table of pointers per layer, and what it was built from."""
     modules: list          # the modules whose weights it read, in `_weight_modules` order
     weights: list          # those weights (Parameters)
     pointers: list[int]    # their data pointers and versions when packed (a change repacks)
@@ -176,7 +181,7 @@ class _Packed(NamedTuple):
     buffer: Tensor         # the packed matrices, 64-byte aligned, on huge pages where possible
     layers: ctypes.Array   # per layer: norm, QKV, O, norm, gate/up, down (norms: the model's own)
     embed: int             # the embedding, input-major (the token's vector is a column)
-    head: int              # the same matrix packed: the tied LM head
+    head: int              # the same matrix in strips: the tied LM head
     final_norm: int
 
 
@@ -218,13 +223,14 @@ def forget(model) -> None:
 
 
 def _pack(modules: list, weights: list[Tensor]) -> _Packed:
-    """Pack the matrices among the modules' `weights` (all but the norms) into one buffer."""
+    """Pack the matrices among the modules' `weights` (all but the norms) into one buffer: per
+    layer QKV in strips, O in panels, gate/up in paired strips, down in panels; then the head."""
     matrices = [w for i, w in enumerate(weights[:-2]) if i % 6 not in (0, 3)] + [weights[-2]]
-    shapes = [(-(-w.shape[1] // PANEL_ROWS), -(-w.shape[0] // PANEL_COLS)) for w in matrices]
-    buffer, places = huge_pages.pieces([panels * chunks * PANEL_ROWS * PANEL_COLS * 4
-                                        for panels, chunks in shapes])
-    views = [_pack_into(place.view(torch.float32).view(panels, chunks, PANEL_ROWS, PANEL_COLS), w)
-             for w, (panels, chunks), place in zip(matrices, shapes, places)]
+    layouts = [_LAYOUTS[i % 4] for i in range(len(matrices) - 1)] + ["strips"]
+    shapes = [_packed_shape(w, layout) for w, layout in zip(matrices, layouts)]
+    buffer, places = huge_pages.pieces([shape.numel() * 4 for shape in shapes])
+    views = [_PACKERS[layout](place.view(torch.float32).view(shape), w)
+             for w, layout, shape, place in zip(matrices, layouts, shapes, places)]
     packed_of = iter(views)
     layers = [w if i % 6 in (0, 3) else next(packed_of) for i, w in enumerate(weights[:-2])]
     return _Packed(modules, weights, [w.data_ptr() for w in weights], [w._version for w in weights], buffer,
@@ -232,7 +238,22 @@ def _pack(modules: list, weights: list[Tensor]) -> _Packed:
                    weights[-2].data_ptr(), views[-1].data_ptr(), weights[-1].data_ptr())
 
 
-def _pack_into(dest: Tensor, weight: Tensor) -> Tensor:
+_LAYOUTS = ["strips", "panels", "paired strips", "panels"]   # QKV, O, gate/up, down
+
+
+def _packed_shape(weight: Tensor, layout: str) -> torch.Size:
+    """The packed shape of weight [out, in] (native_gemv.c): panels [ceil(in / 8), ceil(out / 16),
+    8, 16]; strips [ceil(out / 32), in, 32]; paired strips (gate/up: out = 2 d_ff) [ceil(d_ff / 16),
+    in, 32]."""
+    n_out, n_in = weight.shape
+    if layout == "panels":
+        return torch.Size((-(-n_in // PANEL_ROWS), -(-n_out // PANEL_COLS), PANEL_ROWS, PANEL_COLS))
+    per_strip = STRIP_COLS if layout == "strips" else STRIP_COLS // 2
+    columns = n_out if layout == "strips" else n_out // 2
+    return torch.Size((-(-columns // per_strip), n_in, STRIP_COLS))
+
+
+def _pack_panels(dest: Tensor, weight: Tensor) -> Tensor:
     """dest [panels, chunks, 8, 16] = weight [out, in] stored input-major, in panels (zeros past
     its edges): dest[p, c, r, k] = weight[16 c + k, 8 p + r]."""
     panels, chunks = dest.shape[:2]
@@ -242,6 +263,37 @@ def _pack_into(dest: Tensor, weight: Tensor) -> Tensor:
         whole[:rows.shape[0], :rows.shape[1]] = rows
         rows = whole
     return dest.copy_(rows.reshape(panels, PANEL_ROWS, chunks, PANEL_COLS).transpose(1, 2))
+
+
+def _strip_columns(n_strips: int, n_out: int, paired: bool) -> Tensor:
+    """[n_strips, 32]: the column of weight [out, in] each strip lane holds, -1 for none. Plain
+    strips hold columns 32 g ... 32 g + 31; paired ones (gate/up, out = 2 d_ff) gate columns
+    16 g ... 16 g + 15, then the up columns d_ff + 16 g ... d_ff + 16 g + 15."""
+    lane = torch.arange(STRIP_COLS)
+    if not paired:
+        columns = torch.arange(n_strips)[:, None] * STRIP_COLS + lane
+        return columns.where(columns < n_out, -1)
+    d_ff, half = n_out // 2, STRIP_COLS // 2
+    unit = torch.arange(n_strips)[:, None] * half + lane % half       # the hidden unit of each lane
+    columns = unit + (lane >= half) * d_ff
+    return columns.where(unit < d_ff, -1)
+
+
+def _pack_strips(dest: Tensor, weight: Tensor, paired: bool = False) -> Tensor:
+    """dest [strips, in, 32]: strip g, row i, lane k = weight[column, i] for the column
+    `_strip_columns` gives that lane, zero for none."""
+    rows = weight.detach().t()                                        # [in, out], contiguous
+    columns = _strip_columns(dest.shape[0], weight.shape[0], paired)
+    dest.zero_()
+    for first in range(0, dest.shape[0], 256):                        # bounded temporaries
+        block = columns[first:first + 256]
+        lanes = block >= 0
+        dest[first:first + 256].permute(1, 0, 2)[:, lanes] = rows[:, block[lanes]]
+    return dest
+
+
+_PACKERS = {"panels": _pack_panels, "strips": _pack_strips,
+            "paired strips": lambda dest, weight: _pack_strips(dest, weight, paired=True)}
 
 
 def _check_layouts(model, weights: list[Tensor]) -> None:

@@ -210,17 +210,40 @@ def test_the_floor_reads_and_writes_nothing_the_model_holds():
         native_step.stream_weights(model, model.new_cache(1, 8))
 
 
-def test_the_packed_layout_puts_every_weight_where_the_c_code_reads_it():
+def test_the_panel_layout_puts_every_weight_where_the_c_code_reads_it():
     """Panel p, chunk c, row r, lane k holds weight[16 c + k, 8 p + r]; zeros past the edges."""
     n_out, n_in = 37, 13                                  # neither a multiple of 16 nor of 8
     weight = torch.randn(n_in, n_out).t()                 # input-major, as the model stores it
-    panels, chunks = -(-n_in // 8), -(-n_out // 16)
-    dest = torch.full((panels, chunks, 8, 16), float("nan"))
-    native_step._pack_into(dest, weight)
+    dest = torch.full(tuple(native_step._packed_shape(weight, "panels")), float("nan"))
+    native_step._pack_panels(dest, weight)
+    panels, chunks = dest.shape[:2]
     for o in range(chunks * 16):
         for i in range(panels * 8):
             want = weight[o, i].item() if o < n_out and i < n_in else 0.0
             assert dest[i // 8, o // 16, i % 8, o % 16].item() == want, (o, i)
+
+
+@pytest.mark.parametrize("layout", ["strips", "paired strips"])
+def test_the_strip_layouts_put_every_weight_where_the_c_code_reads_it(layout):
+    """Strip g, row i, lane k holds weight[32 g + k, i] (strips), or for gate/up (out = 2 d_ff)
+    the gate column 16 g + k for k < 16, the up column d_ff + 16 g + k - 16 after (paired strips);
+    zeros where that column does not exist."""
+    d_ff, n_in = 37, 5                                    # no multiple of 16 or 32
+    n_out = 2 * d_ff if layout == "paired strips" else 45
+    weight = torch.randn(n_in, n_out).t()
+    dest = torch.full(tuple(native_step._packed_shape(weight, layout)), float("nan"))
+    native_step._PACKERS[layout](dest, weight)
+    assert dest.shape == ((-(-d_ff // 16) if layout == "paired strips" else 2), n_in, 32)
+    for g in range(dest.shape[0]):
+        for k in range(32):
+            if layout == "strips":
+                column = 32 * g + k if 32 * g + k < n_out else None
+            else:
+                unit = 16 * g + k % 16
+                column = (unit + (d_ff if k >= 16 else 0)) if unit < d_ff else None
+            for i in range(n_in):
+                want = weight[column, i].item() if column is not None else 0.0
+                assert dest[g, i, k].item() == want, (g, i, k)
 
 
 def test_the_packed_copy_is_counted_and_dropped_on_request():
@@ -229,10 +252,13 @@ def test_the_packed_copy_is_counted_and_dropped_on_request():
     model(torch.tensor([[1, 2]]), cache=cache)
     assert native_step.packed_bytes(model) == 0
     model(torch.tensor([[3]]), cache=cache)
-    matrices = [(m.weight.shape[1], m.weight.shape[0]) for block in model.blocks for m in
-                (block.attn.qkv_proj, block.attn.o_proj, block.mlp.gate_up_proj, block.mlp.down_proj)]
-    matrices.append((ODD.d_model, ODD.vocab_size))        # the tied head
-    padded = sum(-(-(-(-i // 8) * 8 * -(-o // 16) * 16 * 4) // 64) * 64 for i, o in matrices)
+    d, qkv_out = ODD.d_model, (ODD.n_heads + 2 * ODD.n_kv_heads) * ODD.head_dim
+    per_layer = [-(-qkv_out // 32) * 32 * d,                           # QKV in strips of 32 columns
+                 -(-(ODD.n_heads * ODD.head_dim) // 8) * 8 * -(-d // 16) * 16,   # O in panels
+                 -(-ODD.d_ff // 16) * 32 * d,                          # gate/up: 16 units a strip
+                 -(-ODD.d_ff // 8) * 8 * -(-d // 16) * 16]             # down in panels
+    matrices = per_layer * ODD.n_layers + [-(-ODD.vocab_size // 32) * 32 * d]   # the tied head
+    padded = sum(-(-floats * 4 // 64) * 64 for floats in matrices)     # each piece 64-byte aligned
     assert native_step.packed_bytes(model) == padded
     native_step.forget(model)
     assert native_step.packed_bytes(model) == 0
