@@ -194,7 +194,6 @@ class Llama(nn.Module):
                 module.weight = nn.Parameter(module.weight.detach().t().contiguous().t(),
                                              requires_grad=module.weight.requires_grad)
 
-    @torch.inference_mode()
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
                 cache: KVCache | None = None, *, context: PagedContext | None = None,
                 num_layers: int | None = None, logits_rows: Tensor | None = None,
@@ -214,6 +213,13 @@ class Llama(nn.Module):
         """
         if native_step.serves(self, input_ids, positions, cache, context, num_layers, logits_rows, mask):
             return native_step.decode_step(self, input_ids, cache)   # the same step in one native call
+        with torch.inference_mode():   # entered only here: a native step has no operators to record
+            return self._operators(input_ids, positions, cache, context, num_layers, logits_rows, mask)
+
+    def _operators(self, input_ids: Tensor, positions: Tensor | None, cache: KVCache | None,
+                   context: PagedContext | None, num_layers: int | None, logits_rows: Tensor | None,
+                   mask: Tensor | None) -> Tensor:
+        """`forward` through torch's operators (and the engine's native element-wise work)."""
         if context is not None and native_batch.serves(self, context, num_layers):
             return native_batch.paged_step(self, input_ids, context, logits_rows)   # element-wise work in C
         if context is None:

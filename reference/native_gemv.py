@@ -115,7 +115,7 @@ def _library() -> ctypes.CDLL | None:
     lib.step_work_floats.restype = size
     lib.decode_step.argtypes = [pointer, size, size, pointer, pointer, pointer, pointer, pointer,
                                 pointer, pointer, ctypes.c_float, pointer, pointer, ctypes.c_int]
-    lib.decode_step.restype = None
+    lib.decode_step.restype = size
     lib.stream_step.argtypes = [pointer, size, pointer, pointer, pointer, pointer, pointer, ctypes.c_int]
     lib.stream_step.restype = None
     lib.paged_decode_attention.argtypes = [pointer, pointer, size, pointer, pointer, pointer, pointer,

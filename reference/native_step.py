@@ -72,7 +72,7 @@ def serves(model, input_ids: Tensor, positions, cache, context, num_layers, logi
     the model (on the model itself a hook still runs: its forward is still called)."""
     return (_switch.on and context is None and positions is None and num_layers is None
             and logits_rows is None and mask is None and type(cache) is KVCache
-            and input_ids.shape == (1, 1) and not input_ids.is_floating_point()
+            and input_ids.shape == (1, 1) and input_ids.dtype == torch.int64
             and cache.k.dtype == torch.float32 and cache.k.is_cpu and runs(model)
             and cache.k.shape == _cache_shape(model.config, cache.max_len) and cache.aligned()
             and KVCache.append is _APPEND and "append" not in vars(cache) and not hooked(model))
@@ -92,28 +92,26 @@ def runs(model) -> bool:
 
 
 def decode_step(model, input_ids: Tensor, cache: KVCache) -> Tensor:
-    """Logits [1, 1, vocab] for input_ids [1, 1] at position cache.length; the token's keys and
-    values are written there in every layer, as `Llama.forward` writes them."""
+    """Logits [1, 1, vocab] for input_ids [1, 1] (int64) at position cache.length; the token's keys
+    and values are written there in every layer, as `Llama.forward` writes them.
+
+    Every line here runs once a step, just after the step before has streamed 0.5 GB through the
+    CPU's caches: each object it reads comes from memory, so it reads few (the C code reads the
+    token and checks its range; the sizes and the RoPE row's address come from the `_Packed`)."""
     position = cache.length
+    packed = _table(model)
     if position >= cache.max_len:
         raise ValueError(f"KV cache full: {position} + 1 tokens exceed max_len={cache.max_len}")
-    if position >= model.rope_turns.shape[0]:
-        raise ValueError(f"position {position} is past the model's context window of "
-                         f"{model.rope_turns.shape[0]}")
-    token = int(input_ids)
-    cfg = model.config
-    if not 0 <= token < cfg.vocab_size:
-        raise IndexError(f"token id {token} is outside the vocabulary of {cfg.vocab_size}")
-    shape, table = _table(model, cache)
+    if position >= packed.rope_rows:
+        raise ValueError(f"position {position} is past the model's context window of {packed.rope_rows}")
     threads = torch.get_num_threads()
-    lib = native_gemv._library()
-    work = _work(lib.step_work_floats(shape, threads))
-    logits = torch.empty(1, 1, cfg.vocab_size)
-    turns = model.rope_turns                      # [max_seq_len, 1, head_dim / 2, 2]: this row's address
-    lib.decode_step(shape, token, position, table.embed, table.head, table.layers, table.final_norm,
-                    turns.data_ptr() + position * turns.stride(0) * turns.element_size(),
-                    cache.k.data_ptr(), cache.v.data_ptr(), model.norm.eps, work.data_ptr(),
-                    logits.data_ptr(), threads)
+    shape, floats = _step_sizes(packed, model.config, cache.max_len, threads)
+    logits = torch.empty(1, 1, shape[6])
+    if native_gemv._library().decode_step(
+            shape, input_ids.data_ptr(), position, packed.embed, packed.head, packed.layers,
+            packed.final_norm, packed.rope + position * packed.rope_row_bytes, cache.k.data_ptr(),
+            cache.v.data_ptr(), model.norm.eps, _work(floats).data_ptr(), logits.data_ptr(), threads):
+        raise IndexError(f"token id {int(input_ids)} is outside the vocabulary of {shape[6]}")
     cache.filled(position + 1)
     return logits
 
@@ -125,12 +123,23 @@ def stream_weights(model, cache: KVCache) -> None:
     Writes nothing the model or the cache holds."""
     if not 1 <= cache.length <= cache.max_len:
         raise ValueError(f"need a cache holding 1 to max_len={cache.max_len} positions, got {cache.length}")
-    shape, table = _table(model, cache)
+    packed = _table(model)
     threads = torch.get_num_threads()
-    lib = native_gemv._library()
-    work = _work(lib.step_work_floats(shape, threads))
-    lib.stream_step(shape, cache.length - 1, table.head, table.layers, cache.k.data_ptr(),
-                    cache.v.data_ptr(), work.data_ptr(), threads)
+    shape, floats = _step_sizes(packed, model.config, cache.max_len, threads)
+    native_gemv._library().stream_step(shape, cache.length - 1, packed.head, packed.layers,
+                                       cache.k.data_ptr(), cache.v.data_ptr(), _work(floats).data_ptr(),
+                                       threads)
+
+
+def _step_sizes(packed: _Packed, cfg, max_len: int, threads: int) -> tuple[ctypes.Array, int]:
+    """(the C step's shape array, the floats of work it needs) for a cache of max_len positions at
+    this many threads, kept in the `_Packed` after the first step that needs them."""
+    sizes = packed.steps.get((max_len, threads))
+    if sizes is None:
+        shape = (ctypes.c_long * 8)(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
+                                    cfg.head_dim, cfg.d_ff, cfg.vocab_size, max_len)
+        sizes = packed.steps[max_len, threads] = (shape, native_gemv._library().step_work_floats(shape, threads))
+    return sizes
 
 
 def hooked(model) -> bool:
@@ -174,8 +183,9 @@ def _weight_modules(model) -> list:
 class _Packed(NamedTuple):
     """What the C step reads of one model: its weight matrices packed (native_gemv.c's strips and
     panels, in one buffer), the table of pointers per layer, and what it was built from."""
-    modules: list          # the modules whose weights it read, in `_weight_modules` order
-    weights: list          # those weights (Parameters)
+    dicts: list            # where the tensors it read are held: modules' `_parameters`, the
+    names: list[str]       # model's `_buffers` (the RoPE table), under these names,
+    tensors: list          # the tensors: every weight in `_weight_modules` order, then the RoPE table
     pointers: list[int]    # their data pointers and versions when packed (a change repacks)
     versions: list[int]
     buffer: Tensor         # the packed matrices, 64-byte aligned, on huge pages where possible
@@ -183,6 +193,10 @@ class _Packed(NamedTuple):
     embed: int             # the embedding, input-major (the token's vector is a column)
     head: int              # the same matrix in strips: the tied LM head
     final_norm: int
+    rope: int              # the RoPE table [positions, ...]: its address, rows and row size
+    rope_rows: int
+    rope_row_bytes: int
+    steps: dict            # (max_len, threads) -> `_step_sizes`
 
 
 def packed_bytes(model) -> int:
@@ -191,30 +205,25 @@ def packed_bytes(model) -> int:
     return packed.buffer.numel() if packed is not None else 0
 
 
-def _table(model, cache: KVCache):
-    """(the shape array, the model's `_Packed`) for the C step.
-
-    Kept per model and checked at every step (~40 us; ~175 us just after a step, whose stream of
-    weights has pushed the objects read out of the caches): each module still holds the same weight
-    object at the same address, unchanged since packing by any in-place operation on it (its
-    version counter). A weight replaced (a new Parameter, `.to`, `.data =`) or written in place
-    (`mul_`, `copy_`) packs again, after checking the layouts the C code reads; a write through
-    `.data` bypasses the counter: call `forget(model)` after one."""
-    cfg = model.config
-    sizes = (ctypes.c_long * 8)(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
-                                cfg.head_dim, cfg.d_ff, cfg.vocab_size, cache.max_len)
+def _table(model) -> _Packed:
+    """The model's `_Packed`, checked at every step (~0.15 ms just after a step, whose stream of
+    weights has pushed the objects read out of the caches): each tensor read is still the one
+    its module holds, at the same address, unchanged since packing by any in-place operation on
+    it (its version counter). A weight replaced (a new Parameter, `.to`, `.data =`) or written in
+    place (`mul_`, `copy_`) packs again, after checking the shapes and layouts the C code reads; a
+    write through `.data` bypasses the counter: call `forget(model)` after one."""
     packed = _tables.get(model)
     if packed is not None:
-        now = [module._parameters["weight"] for module in packed.modules]
-        if (all(map(operator.is_, now, packed.weights)) and list(map(_DATA_PTR, now)) == packed.pointers
+        now = list(map(dict.__getitem__, packed.dicts, packed.names))
+        if (all(map(operator.is_, now, packed.tensors)) and list(map(_DATA_PTR, now)) == packed.pointers
                 and list(map(_VERSION, now)) == packed.versions):
-            return sizes, packed
+            return packed
     _tables.pop(model, None)          # the old copy goes before the new one is made
     modules = _weight_modules(model)
     weights = [module._parameters["weight"] for module in modules]
     _check_layouts(model, weights)
-    _tables[model] = packed = _pack(modules, weights)
-    return sizes, packed
+    _tables[model] = packed = _pack(model, modules, weights)
+    return packed
 
 
 def forget(model) -> None:
@@ -222,7 +231,7 @@ def forget(model) -> None:
     _tables.pop(model, None)
 
 
-def _pack(modules: list, weights: list[Tensor]) -> _Packed:
+def _pack(model, modules: list, weights: list[Tensor]) -> _Packed:
     """Pack the matrices among the modules' `weights` (all but the norms) into one buffer: per
     layer QKV in strips, O in panels, gate/up in paired strips, down in panels; then the head."""
     matrices = [w for i, w in enumerate(weights[:-2]) if i % 6 not in (0, 3)] + [weights[-2]]
@@ -233,9 +242,14 @@ def _pack(modules: list, weights: list[Tensor]) -> _Packed:
              for w, layout, shape, place in zip(matrices, layouts, shapes, places)]
     packed_of = iter(views)
     layers = [w if i % 6 in (0, 3) else next(packed_of) for i, w in enumerate(weights[:-2])]
-    return _Packed(modules, weights, [w.data_ptr() for w in weights], [w._version for w in weights], buffer,
+    rope = model._buffers["rope_turns"]
+    tensors = weights + [rope]
+    return _Packed([module._parameters for module in modules] + [model._buffers],
+                   ["weight"] * len(modules) + ["rope_turns"], tensors,
+                   [t.data_ptr() for t in tensors], [t._version for t in tensors], buffer,
                    (ctypes.c_void_p * len(layers))(*(w.data_ptr() for w in layers)),
-                   weights[-2].data_ptr(), views[-1].data_ptr(), weights[-1].data_ptr())
+                   weights[-2].data_ptr(), views[-1].data_ptr(), weights[-1].data_ptr(),
+                   rope.data_ptr(), rope.shape[0], rope.stride(0) * rope.element_size(), {})
 
 
 _LAYOUTS = ["strips", "panels", "paired strips", "panels"]   # QKV, O, gate/up, down
@@ -297,6 +311,14 @@ _PACKERS = {"panels": _pack_panels, "strips": _pack_strips,
 
 
 def _check_layouts(model, weights: list[Tensor]) -> None:
+    """Raise ValueError unless the weights (`_weight_modules` order) and the RoPE table have the
+    shapes the model's config gives and the layouts the C code reads."""
+    cfg = model.config
+    d, qkv_out, attn_out = cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, cfg.n_heads * cfg.head_dim
+    layer_shapes = [(d,), (qkv_out, d), (d, attn_out), (d,), (2 * cfg.d_ff, d), (d, cfg.d_ff)]
+    wanted = layer_shapes * cfg.n_layers + [(cfg.vocab_size, d), (d,)]
+    if [tuple(w.shape) for w in weights] != wanted:
+        raise ValueError("the native step reads weights of the shapes the model's config gives")
     blocks, (embed, final_norm) = weights[:-2], weights[-2:]
     products = [w for i, w in enumerate(blocks) if i % 6 not in (0, 3)] + [embed]
     norms = [w for i, w in enumerate(blocks) if i % 6 in (0, 3)] + [final_norm]
@@ -305,5 +327,7 @@ def _check_layouts(model, weights: list[Tensor]) -> None:
                          "(Llama._store_weights_input_major)")
     if not all(w.is_contiguous() and w.dtype == torch.float32 for w in norms):
         raise ValueError("the native step reads contiguous float32 norm weights")
-    if not (model.rope_turns.is_contiguous() and model.rope_turns.dtype == torch.float32):
-        raise ValueError("the native step reads a contiguous float32 RoPE table")
+    rope = model.rope_turns
+    if not (rope.is_contiguous() and rope.dtype == torch.float32
+            and rope.shape[1:] == (1, cfg.head_dim // 2, 2)):
+        raise ValueError("the native step reads a contiguous float32 RoPE table [positions, 1, head_dim / 2, 2]")
