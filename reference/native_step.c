@@ -117,6 +117,23 @@ static void rotate_columns(float *x, long c0, long c1, long rotated, long hd, co
     }
 }
 
+/* Ask for the keys and values at positions [s0, s1) of every KV head of one layer's k, v
+ * [n_kv, max_len, hd]. They come from memory (a step streams 0.5 GB of weights through the
+ * caches); read as attention reads them, a run of one head at a time, most of their misses come
+ * one after another. Asked for all at once, the misses overlap: at the start of attention (a
+ * step 0.8% faster, paired C calls on a quiet host), and for the next layer before the down
+ * projection streams (another 0.4%). */
+static void prefetch_positions(const float *k, const float *v, long n_kv, long max_len, long hd,
+                               long s0, long s1)
+{
+    for (long g = 0; g < n_kv; g++)
+        for (long s = s0; s < s1; s++)
+            for (long j = 0; j < hd; j += 16) {   /* 16 floats: a 64-byte line */
+                __builtin_prefetch(k + (g * max_len + s) * hd + j);
+                __builtin_prefetch(v + (g * max_len + s) * hd + j);
+            }
+}
+
 /* This thread's part of attention: query heads q [n_heads, hd] over key positions [s0, s1) of
  * one layer's k, v [n_kv_heads, max_len, hd] (head h reads K/V head h / group). Per head: the
  * largest score top[h], sum[h] = sum of exp(score - top[h]) and out[h] = the same weights times V,
@@ -128,14 +145,7 @@ static void attend_positions(const long *shape, const float *q, const float *k, 
     long group = n_heads / shape[N_KV_HEADS];
     float scale = 1.0f / sqrtf((float)hd);
     memset(out, 0, n_heads * hd * sizeof(float));
-    /* The rows come from memory (the step streams its weights through the caches): asked for all
-     * at once, their misses overlap instead of coming one run at a time (a step 0.8% faster). */
-    for (long g = 0; g < shape[N_KV_HEADS]; g++)
-        for (long s = s0; s < s1; s++)
-            for (long b = 0; b < hd * (long)sizeof(float); b += 64) {
-                __builtin_prefetch((const char *)(k + (g * max_len + s) * hd) + b);
-                __builtin_prefetch((const char *)(v + (g * max_len + s) * hd) + b);
-            }
+    prefetch_positions(k, v, shape[N_KV_HEADS], max_len, hd, s0, s1);
     for (long h = 0; h < n_heads; h++) {
         const float *qh = q + h * hd, *kh = k + (h / group) * max_len * hd;
         const float *vh = v + (h / group) * max_len * hd;
@@ -294,6 +304,8 @@ long decode_step(const long *shape, const long *token_id, long pos, const float 
             rms_norm(x, w[MLP_NORM], in, d, eps);
             gemv_strips(in, w[GATE_UP], gate_up, d, (g1 > g0 ? g1 : g0) * STRIP_COLS, g0, g1);
             swiglu_strips(gate_up, g0, g1, hidden);
+            if (layer + 1 < shape[N_LAYERS])   /* the next layer's keys and values this thread reads */
+                prefetch_positions(k + layer_size, v + layer_size, n_kv, max_len, hd, s0, s1 < pos ? s1 : pos);
             gemv_panels(hidden, w[DOWN], down_partials + t * width, d_ff, d, p0, p1);
             barrier();
             add_partials(down_partials, width, n, 0, d, x, 1);
