@@ -212,7 +212,9 @@ class Llama(nn.Module):
         draft tree's (each node sees the cached prefix and its ancestors); S = cache length + T.
         """
         if native_step.serves(self, input_ids, positions, cache, context, num_layers, logits_rows, mask):
-            return native_step.decode_step(self, input_ids, cache)   # the same step in one native call
+            logits = native_step.decode_step(self, input_ids, cache)   # the same step in one native call
+            if logits is not None:
+                return logits
         with torch.inference_mode():   # entered only here: a native step has no operators to record
             return self._operators(input_ids, positions, cache, context, num_layers, logits_rows, mask)
 

@@ -43,11 +43,12 @@ import weakref
 from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
 
 from reference import huge_pages, native_gemv
+from reference.cpu_linear import PackedLinear
 from reference.kv_cache import KVCache
 from reference.switch import Switch
 
@@ -63,6 +64,18 @@ _scratch = threading.local()
 # once built), the count of hook handles when a look last found none of them holding a hook].
 _hook_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _APPEND = KVCache.append
+# How many modules have been registered in this process (a module set as an attribute of another,
+# `add_module`, `ModuleList.__setitem__`, a parametrization's): counted by torch's global hook, so
+# that a step sees in one comparison that no module the packed weights came from can have been
+# replaced since the last look.
+_registrations = [0]
+
+
+def _count_registration(module, name, submodule) -> None:
+    _registrations[0] += 1
+
+
+module_hooks.register_module_module_registration_hook(_count_registration)
 
 
 def serves(model, input_ids: Tensor, positions, cache, context, num_layers, logits_rows, mask) -> bool:
@@ -91,15 +104,20 @@ def runs(model) -> bool:
             and model.attention_backend == "sdpa" and native_gemv.available())
 
 
-def decode_step(model, input_ids: Tensor, cache: KVCache) -> Tensor:
+def decode_step(model, input_ids: Tensor, cache: KVCache) -> Tensor | None:
     """Logits [1, 1, vocab] for input_ids [1, 1] (int64) at position cache.length; the token's keys
-    and values are written there in every layer, as `Llama.forward` writes them.
+    and values are written there in every layer, as `Llama.forward` writes them. None, with
+    nothing done, where the model's modules no longer hold weights the C code reads (a
+    parametrization computes one, a module was replaced by another kind, a weight is stored
+    row-major): the operators serve the step then.
 
     Every line here runs once a step, just after the step before has streamed 0.5 GB through the
     CPU's caches: each object it reads comes from memory, so it reads few (the C code reads the
     token and checks its range; the sizes and the RoPE row's address come from the `_Packed`)."""
     position = cache.length
     packed = _table(model)
+    if packed is None:
+        return None
     if position >= cache.max_len:
         raise ValueError(f"KV cache full: {position} + 1 tokens exceed max_len={cache.max_len}")
     if position >= packed.rope_rows:
@@ -124,6 +142,8 @@ def stream_weights(model, cache: KVCache) -> None:
     if not 1 <= cache.length <= cache.max_len:
         raise ValueError(f"need a cache holding 1 to max_len={cache.max_len} positions, got {cache.length}")
     packed = _table(model)
+    if packed is None:
+        raise ValueError("the model's modules do not hold the plain weights a native step reads")
     threads = torch.get_num_threads()
     shape, floats = _step_sizes(packed, model.config, cache.max_len, threads)
     native_gemv._library().stream_step(shape, cache.length - 1, packed.head, packed.layers,
@@ -183,6 +203,8 @@ def _weight_modules(model) -> list:
 class _Packed(NamedTuple):
     """What the C step reads of one model: its weight matrices packed (native_gemv.c's strips and
     panels, in one buffer), the table of pointers per layer, and what it was built from."""
+    modules: list          # the modules whose weights it read, in `_weight_modules` order, and
+    seen: list[int]        # [the count of module registrations when they were last found in place]
     dicts: list            # where the tensors it read are held: modules' `_parameters`, the
     names: list[str]       # model's `_buffers` (the RoPE table), under these names,
     tensors: list          # the tensors: every weight in `_weight_modules` order, then the RoPE table
@@ -205,23 +227,40 @@ def packed_bytes(model) -> int:
     return packed.buffer.numel() if packed is not None else 0
 
 
-def _table(model) -> _Packed:
-    """The model's `_Packed`, checked at every step (~0.15 ms just after a step, whose stream of
-    weights has pushed the objects read out of the caches): each tensor read is still the one
-    its module holds, at the same address, unchanged since packing by any in-place operation on
-    it (its version counter). A weight replaced (a new Parameter, `.to`, `.data =`) or written in
-    place (`mul_`, `copy_`) packs again, after checking the shapes and layouts the C code reads; a
-    write through `.data` bypasses the counter: call `forget(model)` after one."""
+def _table(model) -> _Packed | None:
+    """The model's `_Packed` (None where its modules do not hold the weights the C code reads),
+    checked at every step (~0.15 ms just after a step, whose stream of weights has pushed the
+    objects read out of the caches): each module is still in its place (looked up again only
+    after a module was registered somewhere), each tensor read is still the one its module holds,
+    at the same address, unchanged since packing by any in-place operation on it (its version
+    counter). A weight replaced (a new Parameter, `.to`, `.data =`) or written in
+    place (`mul_`, `copy_`) packs again, where its shape and layout are what the C code reads
+    (`_readable`); a write through `.data` bypasses the counter: call `forget(model)` after one."""
     packed = _tables.get(model)
+    if packed is not None and packed.seen[0] != _registrations[0]:   # a module registered somewhere:
+        try:                                                       # is it one of ours, replaced?
+            in_place = all(map(operator.is_, _weight_modules(model), packed.modules))
+        except AttributeError:
+            in_place = False
+        if in_place:
+            packed.seen[0] = _registrations[0]
+        else:
+            packed = None
     if packed is not None:
-        now = list(map(dict.__getitem__, packed.dicts, packed.names))
+        now = list(map(dict.get, packed.dicts, packed.names))
         if (all(map(operator.is_, now, packed.tensors)) and list(map(_DATA_PTR, now)) == packed.pointers
                 and list(map(_VERSION, now)) == packed.versions):
             return packed
     _tables.pop(model, None)          # the old copy goes before the new one is made
-    modules = _weight_modules(model)
-    weights = [module._parameters["weight"] for module in modules]
-    _check_layouts(model, weights)
+    try:
+        modules = _weight_modules(model)
+    except AttributeError:            # a module replaced by one of another kind
+        return None
+    weights = [module._parameters.get("weight") for module in modules]
+    if (not _own_kinds(model, modules) or any(weight is None for weight in weights)
+            or model._buffers.get("rope_turns") is None or not _readable(model, weights)):
+        return None                   # e.g. a parametrization computes the weight
+
     _tables[model] = packed = _pack(model, modules, weights)
     return packed
 
@@ -244,7 +283,7 @@ def _pack(model, modules: list, weights: list[Tensor]) -> _Packed:
     layers = [w if i % 6 in (0, 3) else next(packed_of) for i, w in enumerate(weights[:-2])]
     rope = model._buffers["rope_turns"]
     tensors = weights + [rope]
-    return _Packed([module._parameters for module in modules] + [model._buffers],
+    return _Packed(modules, [_registrations[0]], [module._parameters for module in modules] + [model._buffers],
                    ["weight"] * len(modules) + ["rope_turns"], tensors,
                    [t.data_ptr() for t in tensors], [t._version for t in tensors], buffer,
                    (ctypes.c_void_p * len(layers))(*(w.data_ptr() for w in layers)),
@@ -310,24 +349,31 @@ _PACKERS = {"panels": _pack_panels, "strips": _pack_strips,
             "paired strips": lambda dest, weight: _pack_strips(dest, weight, paired=True)}
 
 
-def _check_layouts(model, weights: list[Tensor]) -> None:
-    """Raise ValueError unless the weights (`_weight_modules` order) and the RoPE table have the
-    shapes the model's config gives and the layouts the C code reads."""
+def _own_kinds(model, modules: list) -> bool:
+    """Whether every block, its attention and MLP, and the `_weight_modules` are of the classes
+    `Llama` builds: the C step does their arithmetic, not a replacement's (a bias, another
+    activation)."""
+    from reference.model import MLP, Attention, Block, RMSNorm   # here: reference.model imports this module
+    kinds = [RMSNorm, PackedLinear, PackedLinear, RMSNorm, PackedLinear, PackedLinear] * len(model.blocks)
+    return (all(type(block) is Block and type(block.attn) is Attention and type(block.mlp) is MLP
+                for block in model.blocks)
+            and list(map(type, modules)) == kinds + [nn.Embedding, RMSNorm])
+
+
+def _readable(model, weights: list[Tensor]) -> bool:
+    """Whether the weights (`_weight_modules` order) and the RoPE table have the shapes the model's
+    config gives and the layouts the C code reads (products input-major, norms and the table
+    contiguous, all float32): a weight replaced by one stored otherwise is left to the operators."""
     cfg = model.config
     d, qkv_out, attn_out = cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, cfg.n_heads * cfg.head_dim
     layer_shapes = [(d,), (qkv_out, d), (d, attn_out), (d,), (2 * cfg.d_ff, d), (d, cfg.d_ff)]
-    wanted = layer_shapes * cfg.n_layers + [(cfg.vocab_size, d), (d,)]
-    if [tuple(w.shape) for w in weights] != wanted:
-        raise ValueError("the native step reads weights of the shapes the model's config gives")
+    if [tuple(w.shape) for w in weights] != layer_shapes * cfg.n_layers + [(cfg.vocab_size, d), (d,)]:
+        return False
     blocks, (embed, final_norm) = weights[:-2], weights[-2:]
     products = [w for i, w in enumerate(blocks) if i % 6 not in (0, 3)] + [embed]
     norms = [w for i, w in enumerate(blocks) if i % 6 in (0, 3)] + [final_norm]
-    if not all(native_gemv.input_major(w) and w.dtype == torch.float32 for w in products):
-        raise ValueError("the native step reads weight matrices stored input-major in float32 "
-                         "(Llama._store_weights_input_major)")
-    if not all(w.is_contiguous() and w.dtype == torch.float32 for w in norms):
-        raise ValueError("the native step reads contiguous float32 norm weights")
-    rope = model.rope_turns
-    if not (rope.is_contiguous() and rope.dtype == torch.float32
-            and rope.shape[1:] == (1, cfg.head_dim // 2, 2)):
-        raise ValueError("the native step reads a contiguous float32 RoPE table [positions, 1, head_dim / 2, 2]")
+    rope = model._buffers["rope_turns"]
+    return (all(native_gemv.input_major(w) and w.dtype == torch.float32 and w.is_cpu for w in products)
+            and all(w.is_contiguous() and w.dtype == torch.float32 and w.is_cpu for w in norms)
+            and rope.is_contiguous() and rope.dtype == torch.float32 and rope.is_cpu
+            and rope.shape[1:] == (1, cfg.head_dim // 2, 2))
