@@ -21,11 +21,13 @@ thread's share of a product is 8 or 16 rows read side by side, 16 streams at onc
 2-core AMD EPYC the panels streamed at 52-55 GB/s against 46-48 (a plain sum of the same bytes:
 58-62), and a decode step ran 1.06-1.13x faster; strips for QKV, gate/up and the head, which also
 drop a barrier and the sum of the threads' partials, made it another 3% faster (README, "Packed
-weights for the native step"). The cost is memory, the size of the weights again (SmolLM2-135M:
-+513 MiB, `packed_bytes`), beside the parameters the rest of the course reads and oneDNN's packed
-copy for the products of several rows (reference/cpu_linear.py); it lives as long as the model,
-`forget` drops it, and REFERENCE_NATIVE_STEP=0 never makes it. A weight replaced or changed in
-place after packing is packed again at the next step (`_table`).
+weights for the native step" and "Strips, four barriers and a lighter call"). The cost is
+memory, the size of the weights again (SmolLM2-135M: +513 MiB, `packed_bytes`), beside the
+parameters the rest of the course reads and oneDNN's packed copy for the products of several rows
+(reference/cpu_linear.py); it lives as long as the model, `forget` drops it, and
+REFERENCE_NATIVE_STEP=0 never makes it. A weight replaced or changed in place after packing is
+packed again at the next step (`_table`); a module replaced, a parametrized weight or one stored
+otherwise than the C code reads sends the step to the operators.
 
 `Llama.forward` takes this path by itself when it is serving what it serves, and `serves` says
 when: one new token for one sequence over a `KVCache`, float32 on the CPU, the default "sdpa"
