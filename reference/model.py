@@ -168,6 +168,10 @@ class Block(nn.Module):
 class Llama(nn.Module):
     """Decoder-only transformer with RMSNorm, RoPE, GQA, SwiGLU and tied embeddings."""
 
+    # The classes whose arithmetic a native step does (reference/native_step.c): where a block
+    # holds a module of another kind, the operators run the step.
+    block_classes = (Block, Attention, MLP, RMSNorm, PackedLinear)
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.config = cfg

@@ -219,6 +219,8 @@ static WorkLayout work_layout(const long *shape, int threads)
     inputs = inputs > d_ff ? inputs : d_ff;
     long qkv_strips = strips(qkv_out, STRIP_COLS), gate_up_strips = strips(d_ff, STRIP_COLS / 2);
     long head_strips = strips(shape[VOCAB], STRIP_COLS);
+    long widest = head_strips > qkv_strips ? head_strips : qkv_strips;   /* what the floor drops */
+    widest = widest > gate_up_strips ? widest : gate_up_strips;
     WorkLayout w;
     w.inputs = inputs;
     w.scores = 0;
@@ -226,7 +228,7 @@ static WorkLayout work_layout(const long *shape, int threads)
     w.gate_up = w.qkv + qkv_strips * STRIP_COLS;
     w.hidden = w.gate_up + gate_up_strips * STRIP_COLS;
     w.sink = w.hidden + gate_up_strips * STRIP_COLS / 2;
-    w.streams = w.sink + (head_strips > qkv_strips ? head_strips : qkv_strips) * STRIP_COLS;
+    w.streams = w.sink + widest * STRIP_COLS;
     w.ins = w.streams + threads * d;
     w.partials = w.ins + threads * inputs;
     w.att_out = w.partials + 2 * threads * packed_width(d);

@@ -50,7 +50,6 @@ from torch.nn.modules import module as module_hooks
 from torch.utils.hooks import RemovableHandle
 
 from reference import huge_pages, native_gemv
-from reference.cpu_linear import PackedLinear
 from reference.kv_cache import KVCache
 from reference.switch import Switch
 
@@ -353,9 +352,9 @@ _PACKERS = {"panels": _pack_panels, "strips": _pack_strips,
 
 def _own_kinds(model, modules: list) -> bool:
     """Whether every block, its attention and MLP, and the `_weight_modules` are of the classes
-    `Llama` builds: the C step does their arithmetic, not a replacement's (a bias, another
-    activation)."""
-    from reference.model import MLP, Attention, Block, RMSNorm   # here: reference.model imports this module
+    `Llama` builds (`Llama.block_classes`): the C step does their arithmetic, not a replacement's
+    (a bias, another activation)."""
+    Block, Attention, MLP, RMSNorm, PackedLinear = type(model).block_classes
     kinds = [RMSNorm, PackedLinear, PackedLinear, RMSNorm, PackedLinear, PackedLinear] * len(model.blocks)
     return (all(type(block) is Block and type(block.attn) is Attention and type(block.mlp) is MLP
                 for block in model.blocks)
