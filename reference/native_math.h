@@ -28,6 +28,14 @@ static inline float exp_nonpositive(float x)
     return p * two_to_n;
 }
 
+/* silu(g) = g / (1 + e^-g), computed from e^-|g| <= 1 so that nothing overflows (branch-free
+ * after if-conversion, so loops over it are vectorised). */
+static inline float silu(float g)
+{
+    float e = exp_nonpositive(-fabsf(g));
+    return g * (g >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e));
+}
+
 /* a[:n] . b[:n]. The compiler may reorder the sum (the including file's GCC pragma, clang's here),
  * so it keeps 16 running sums in a vector register and adds them pairwise at the end: in order,
  * the additions form one chain of dependent instructions (GCC's OpenMP simd reduction still added

@@ -93,16 +93,13 @@ static void rms_norm(const float *x, const float *weight, float *out, long d, fl
 }
 
 /* hidden[16 g + k] = silu(gate) * up for the strips g in [first, last) of gate/up, whose products
- * gate_up holds: [gate | up] for hidden units 16 g ... 16 g + 15 at gate_up[32 g ...]. silu(g) =
- * g / (1 + e^-g), from e^-|g| <= 1 as native_batch.c computes it. */
+ * gate_up holds: [gate | up] for hidden units 16 g ... 16 g + 15 at gate_up[32 g ...]. */
 static void swiglu_strips(const float *gate_up, long first, long last, float *hidden)
 {
     for (long g = first; g < last; g++)
-        for (int k = 0; k < STRIP_COLS / 2; k++) {
-            float gate = gate_up[g * STRIP_COLS + k], up = gate_up[g * STRIP_COLS + STRIP_COLS / 2 + k];
-            float e = exp_nonpositive(-fabsf(gate));
-            hidden[g * STRIP_COLS / 2 + k] = gate * (gate >= 0.0f ? 1.0f / (1.0f + e) : e / (1.0f + e)) * up;
-        }
+        for (int k = 0; k < STRIP_COLS / 2; k++)
+            hidden[g * STRIP_COLS / 2 + k] = silu(gate_up[g * STRIP_COLS + k])
+                                             * gate_up[g * STRIP_COLS + STRIP_COLS / 2 + k];
 }
 
 /* Rotate the adjacent pairs (a, b) among the columns [c0, c1) (c0 even) of x, whose first
@@ -189,18 +186,36 @@ static void merge_attention(long n_heads, long hd, int n, const float *top, cons
     }
 }
 
-/* The part [*first, *last) of `count` strips or panels that thread t of n reads. */
-static void share(long count, int t, int n, long *first, long *last)
-{
-    *first = count * t / n;
-    *last = count * (t + 1) / n;
-}
-
 /* Strips of each product split by columns: QKV and the head 32 columns a strip, gate/up 16 hidden
  * units (their gate and up columns). */
 static long strips(long columns, long per_strip)
 {
     return (columns + per_strip - 1) / per_strip;
+}
+
+/* What thread t of n reads of a step at position pos, the same in decode_step and stream_step:
+ * its runs of the QKV, gate/up and head strips, of the down projection's panels (the rows of its
+ * own hidden units) and of the key positions [0, pos]. */
+typedef struct {
+    long qkv0, qkv1, gate_up0, gate_up1, head0, head1, down0, down1, s0, s1;
+} ThreadShare;
+
+static ThreadShare thread_share(const long *shape, long pos, int t, int n)
+{
+    long qkv_out = (shape[N_HEADS] + 2 * shape[N_KV_HEADS]) * shape[HEAD_DIM];
+    long gate_up = strips(shape[D_FF], STRIP_COLS / 2), down_panels = (shape[D_FF] + 7) / 8;
+    ThreadShare at;
+    at.qkv0 = strips(qkv_out, STRIP_COLS) * t / n;
+    at.qkv1 = strips(qkv_out, STRIP_COLS) * (t + 1) / n;
+    at.gate_up0 = gate_up * t / n;
+    at.gate_up1 = gate_up * (t + 1) / n;
+    at.head0 = strips(shape[VOCAB], STRIP_COLS) * t / n;
+    at.head1 = strips(shape[VOCAB], STRIP_COLS) * (t + 1) / n;
+    at.down0 = 2 * at.gate_up0 < down_panels ? 2 * at.gate_up0 : down_panels;   /* 8 rows a panel */
+    at.down1 = 2 * at.gate_up1 < down_panels ? 2 * at.gate_up1 : down_panels;
+    at.s0 = (pos + 1) * t / n;
+    at.s1 = (pos + 1) * (t + 1) / n;
+    return at;
 }
 
 /* The work buffer of decode_step and stream_step, in floats from its start: shared buffers, each
@@ -261,7 +276,7 @@ long decode_step(const long *shape, const long *token_id, long pos, const float 
     long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
     long n_kv = shape[N_KV_HEADS], d_ff = shape[D_FF], vocab = shape[VOCAB];
     long max_len = shape[MAX_LEN], qkv_out = (n_heads + 2 * n_kv) * hd, layer_size = n_kv * max_len * hd;
-    long width = packed_width(d), rows_down = (d_ff + 7) / 8, token = *token_id;
+    long width = packed_width(d), token = *token_id;
     if (token < 0 || token >= vocab)
         return -1;
     WorkLayout at = work_layout(shape, threads);
@@ -273,13 +288,8 @@ long decode_step(const long *shape, const long *token_id, long pos, const float 
         int t = thread_id(), n = thread_count();
         float *x = work + at.streams + t * d, *in = work + at.ins + t * at.inputs;
         float *o_partials = work + at.partials, *down_partials = o_partials + n * width;
-        long q0, q1, g0, g1, h0, h1;
-        share(strips(qkv_out, STRIP_COLS), t, n, &q0, &q1);
-        share(strips(d_ff, STRIP_COLS / 2), t, n, &g0, &g1);
-        share(strips(vocab, STRIP_COLS), t, n, &h0, &h1);
-        long p0 = 2 * g0 < rows_down ? 2 * g0 : rows_down, p1 = 2 * g1 < rows_down ? 2 * g1 : rows_down;
-        long c0 = q0 * STRIP_COLS, c1 = q1 * STRIP_COLS < qkv_out ? q1 * STRIP_COLS : qkv_out;
-        long s0 = (pos + 1) * t / n, s1 = (pos + 1) * (t + 1) / n;
+        ThreadShare my = thread_share(shape, pos, t, n);
+        long c0 = my.qkv0 * STRIP_COLS, c1 = my.qkv1 * STRIP_COLS < qkv_out ? my.qkv1 * STRIP_COLS : qkv_out;
         for (long j = 0; j < d; j++)
             x[j] = embed[j * vocab + token];
         for (long layer = 0; layer < shape[N_LAYERS]; layer++) {
@@ -287,7 +297,7 @@ long decode_step(const long *shape, const long *token_id, long pos, const float 
             float *k = k_cache + layer * layer_size, *v = v_cache + layer * layer_size;
 
             rms_norm(x, w[ATTN_NORM], in, d, eps);
-            gemv_strips(in, w[QKV], qkv, d, qkv_out, q0, q1);
+            gemv_strips(in, w[QKV], qkv, d, qkv_out, my.qkv0, my.qkv1);
             rotate_columns(qkv, c0, c1, (n_heads + n_kv) * hd, hd, turns);
             for (long c = c0 > n_heads * hd ? c0 : n_heads * hd; c < c1; c++) {   /* K and V at pos */
                 long kv = c - n_heads * hd, cache = kv < n_kv * hd ? 0 : 1;
@@ -295,7 +305,7 @@ long decode_step(const long *shape, const long *token_id, long pos, const float 
                 (cache ? v : k)[(g * max_len + pos) * hd + j] = qkv[c];
             }
             barrier();
-            attend_positions(shape, qkv, k, v, s0, s1, scores, work + at.att_top + t * n_heads,
+            attend_positions(shape, qkv, k, v, my.s0, my.s1, scores, work + at.att_top + t * n_heads,
                              work + at.att_sum + t * n_heads, work + at.att_out + t * n_heads * hd);
             barrier();
             merge_attention(n_heads, hd, n, work + at.att_top, work + at.att_sum, work + at.att_out, in);
@@ -304,16 +314,17 @@ long decode_step(const long *shape, const long *token_id, long pos, const float 
             add_partials(o_partials, width, n, 0, d, x, 1);
 
             rms_norm(x, w[MLP_NORM], in, d, eps);
-            gemv_strips(in, w[GATE_UP], gate_up, d, (g1 > g0 ? g1 : g0) * STRIP_COLS, g0, g1);
-            swiglu_strips(gate_up, g0, g1, hidden);
+            gemv_strips(in, w[GATE_UP], gate_up, d, at.hidden - at.gate_up, my.gate_up0, my.gate_up1);
+            swiglu_strips(gate_up, my.gate_up0, my.gate_up1, hidden);
             if (layer + 1 < shape[N_LAYERS])   /* the next layer's keys and values this thread reads */
-                prefetch_positions(k + layer_size, v + layer_size, n_kv, max_len, hd, s0, s1 < pos ? s1 : pos);
-            gemv_panels(hidden, w[DOWN], down_partials + t * width, d_ff, d, p0, p1);
+                prefetch_positions(k + layer_size, v + layer_size, n_kv, max_len, hd, my.s0,
+                                   my.s1 < pos ? my.s1 : pos);
+            gemv_panels(hidden, w[DOWN], down_partials + t * width, d_ff, d, my.down0, my.down1);
             barrier();
             add_partials(down_partials, width, n, 0, d, x, 1);
         }
         rms_norm(x, final_norm, in, d, eps);
-        gemv_strips(in, head, logits, d, vocab, h0, h1);
+        gemv_strips(in, head, logits, d, vocab, my.head0, my.head1);
     }
     return 0;
 }
@@ -329,7 +340,7 @@ void stream_step(const long *shape, long pos, const float *head, const float *co
     long d = shape[D_MODEL], hd = shape[HEAD_DIM], n_heads = shape[N_HEADS];
     long n_kv = shape[N_KV_HEADS], d_ff = shape[D_FF], vocab = shape[VOCAB];
     long max_len = shape[MAX_LEN], qkv_out = (n_heads + 2 * n_kv) * hd, layer_size = n_kv * max_len * hd;
-    long width = packed_width(d), rows_down = (d_ff + 7) / 8;
+    long width = packed_width(d);
     WorkLayout at = work_layout(shape, threads);
     float *inputs = work + at.ins, *sink = work + at.sink, *scores = work + at.scores;
     memset(inputs, 0, (at.partials - at.ins) * sizeof(float));
@@ -338,26 +349,21 @@ void stream_step(const long *shape, long pos, const float *head, const float *co
     {
         int t = thread_id(), n = thread_count();
         float *mine = work + at.partials + t * width;
-        long q0, q1, g0, g1, h0, h1;
-        share(strips(qkv_out, STRIP_COLS), t, n, &q0, &q1);
-        share(strips(d_ff, STRIP_COLS / 2), t, n, &g0, &g1);
-        share(strips(vocab, STRIP_COLS), t, n, &h0, &h1);
-        long p0 = 2 * g0 < rows_down ? 2 * g0 : rows_down, p1 = 2 * g1 < rows_down ? 2 * g1 : rows_down;
-        long s0 = (pos + 1) * t / n, s1 = (pos + 1) * (t + 1) / n;
+        ThreadShare my = thread_share(shape, pos, t, n);
         for (long layer = 0; layer < shape[N_LAYERS]; layer++) {
             const float *const *w = layers + layer * PER_LAYER;
-            gemv_strips(inputs, w[QKV], sink, d, qkv_out, q0, q1);
+            gemv_strips(inputs, w[QKV], sink, d, qkv_out, my.qkv0, my.qkv1);
             barrier();
             attend_positions(shape, inputs, k_cache + layer * layer_size, v_cache + layer * layer_size,
-                             s0, s1, scores, work + at.att_top + t * n_heads, work + at.att_sum + t * n_heads,
+                             my.s0, my.s1, scores, work + at.att_top + t * n_heads, work + at.att_sum + t * n_heads,
                              work + at.att_out + t * n_heads * hd);
             barrier();
             gemv_packed(inputs, w[O_PROJ], mine, n_heads * hd, d);
             barrier();
-            gemv_strips(inputs, w[GATE_UP], sink, d, (g1 > g0 ? g1 : g0) * STRIP_COLS, g0, g1);
-            gemv_panels(inputs, w[DOWN], mine, d_ff, d, p0, p1);
+            gemv_strips(inputs, w[GATE_UP], sink, d, at.streams - at.sink, my.gate_up0, my.gate_up1);
+            gemv_panels(inputs, w[DOWN], mine, d_ff, d, my.down0, my.down1);
             barrier();
         }
-        gemv_strips(inputs, head, sink, d, vocab, h0, h1);
+        gemv_strips(inputs, head, sink, d, vocab, my.head0, my.head1);
     }
 }

@@ -282,7 +282,15 @@ def _through_data_then_forget(model):
 
 @pytest.mark.parametrize("change", [_scale_in_place, _assign_data, _load_state, _through_data_then_forget])
 def test_a_weight_changed_after_packing_is_read_as_changed(native_calls, change):
-    model = random_model(ODD, seed=10)
+    model, got, want = _step_after(change, seed=10)
+    assert relative_error(got, want) < 1e-5
+    assert len(native_calls) == 2
+
+
+def _step_after(change, seed: int):
+    """(model, its logits, float64's) for a decode step after `change(model)`, made once a native
+    step has packed the weights; the prefix is prefilled again after the change."""
+    model = random_model(ODD, seed=seed)
     cache = model.new_cache(1, 8)
     model(torch.tensor([[1, 2]]), cache=cache)
     model(torch.tensor([[3]]), cache=cache)               # packs the weights
@@ -291,8 +299,7 @@ def test_a_weight_changed_after_packing_is_read_as_changed(native_calls, change)
     cache, cache64 = model.new_cache(1, 8), model64.new_cache(1, 8)
     model(torch.tensor([[1, 2]]), cache=cache), model64(torch.tensor([[1, 2]]), cache=cache64)
     token = torch.tensor([[4]])
-    assert relative_error(model(token, cache=cache), model64(token, cache=cache64)) < 1e-5
-    assert len(native_calls) == 2
+    return model, model(token, cache=cache), model64(token, cache=cache64)
 
 
 class _Doubled(nn.Module):
@@ -319,14 +326,6 @@ def test_a_weight_the_c_code_cannot_read_is_served_by_the_operators(change):
     """After a native step, a parametrization (the weight computed at each access), a module of
     another kind or a weight stored row-major: the same call runs the operators, no traceback,
     and equals float64."""
-    model = random_model(ODD, seed=11)
-    cache = model.new_cache(1, 8)
-    model(torch.tensor([[1, 2]]), cache=cache)
-    model(torch.tensor([[3]]), cache=cache)               # packs the weights
-    change(model)
-    model64 = copy.deepcopy(model).double()
-    cache, cache64 = model.new_cache(1, 8), model64.new_cache(1, 8)
-    model(torch.tensor([[1, 2, 3]]), cache=cache), model64(torch.tensor([[1, 2, 3]]), cache=cache64)
-    token = torch.tensor([[4]])
-    assert relative_error(model(token, cache=cache), model64(token, cache=cache64)) < 1e-5
+    model, got, want = _step_after(change, seed=11)
+    assert relative_error(got, want) < 1e-5
     assert native_step.packed_bytes(model) == 0, "the packed copy of the old weights was kept"
