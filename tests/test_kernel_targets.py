@@ -2,8 +2,10 @@
 built for a T4, an A100 and an H100 without one (reference/kernels/targets.py, launches.py).
 
 A cold build of the whole matrix takes about 40 CPU-minutes, so each run builds one of
-SLICES interleaved slices (whole autotune groups), picked by the UTC day: the whole matrix every
-SLICES days. COMPILE_MATRIX_SLICE=K builds slice K, COMPILE_MATRIX=all all of it. Reports are
+SLICES interleaved slices (whole autotune groups), picked by a hash of the kernels' sources
+(``source_slice``): the same commit builds the same slice on any day, and a change to a kernel
+moves the suite to another slice. COMPILE_MATRIX_SLICE=K builds slice K, COMPILE_MATRIX=all all
+of it (``python -m reference.bench kernels --targets`` prints the whole matrix). Reports are
 cached by source hash (COMPILE_REPORT_CACHE), so a rerun of unchanged kernels is free.
 
 The builds run in child processes: this one may have imported triton under TRITON_INTERPRET=1
@@ -15,8 +17,8 @@ import ast
 import json
 import os
 import subprocess
+import hashlib
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,17 @@ ROOT = Path(__file__).resolve().parents[1]
 SOLUTION_CHAPTERS = ("ch05_flash_attention", "ch06_online_softmax", "ch07_flash_versions", "ch08_paged_attention")
 
 
+def source_slice() -> int:
+    """The slice this tree builds: sha256 of the kernel sources (reference/ and the chapter
+    05-08 solutions) modulo SLICES, the same on every day and machine for the same files."""
+    digest = hashlib.sha256()
+    files = sorted((ROOT / "reference" / "kernels").rglob("*.py"))
+    files += [ROOT / "autograder" / "solutions" / f"{chapter}.py" for chapter in SOLUTION_CHAPTERS]
+    for path in files:
+        digest.update(path.relative_to(ROOT).as_posix().encode() + b"\0" + path.read_bytes())
+    return int(digest.hexdigest(), 16) % SLICES
+
+
 def uninterpreted(*argv: str) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     run = subprocess.run([sys.executable, *argv], env=env, capture_output=True, text=True, cwd=ROOT)
@@ -44,7 +57,7 @@ def matrix(tmp_path_factory) -> list[tuple[Launch, CompileReport]]:
     if os.environ.get("COMPILE_MATRIX") == "all":
         k, n = 0, 1
     else:
-        k, n = int(os.environ.get("COMPILE_MATRIX_SLICE", int(time.time() // 86400) % SLICES)), SLICES
+        k, n = int(os.environ.get("COMPILE_MATRIX_SLICE", source_slice())), SLICES
     path = tmp_path_factory.mktemp("matrix") / "matrix.json"
     uninterpreted("-m", "reference.bench", "kernels", "--targets", "--slice", f"{k}/{n}", "--json", str(path))
     return [(Launch(row["kernel"], row["config"], None, (), tuned=row["tuned"]), CompileReport(**row["report"]))
