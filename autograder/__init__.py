@@ -1,9 +1,10 @@
 """Autograder of the course: ``check(fn)`` for notebooks, ``python -m autograder grade`` for
 instructors. See ``autograder/README.md``.
 
-By role: the front-ends here (``cli``, ``grading``, ``report``, ``local``, ``notebook``,
-``source_notebook``, ``gradescope_zip``, ``bench``), what a grader applies in ``rules/``, the
-process boundary that learner code runs behind in ``boundary/``, the chapter graders in
+By role: the front-ends here (``cli``, ``grading``, ``report``, ``notebook``,
+``source_notebook``, ``gradescope_zip``, ``bench``), the learner API (``learner``: one interface,
+run in a sandboxed process by ``sandbox`` or in this one by ``local``), what a grader applies in
+``rules/``, the process boundary that learner code runs behind in ``boundary/``, the chapter graders in
 ``tests/`` and the solutions in ``solutions/``.
 """
 import importlib.abc
@@ -18,7 +19,7 @@ MOVED = {
     "autograder.kernel_rules": "autograder.rules.kernel_rules",
     "autograder.inputs": "autograder.rules.inputs",
     "autograder.errors": "autograder.boundary.causes (PrerequisiteFailed: autograder.rules.feedback)",
-    "autograder.sandbox": "autograder.boundary.sandbox",
+    "autograder.boundary.sandbox": "autograder.sandbox (the Learner it implements: autograder.learner)",
     "autograder.worker": "autograder.boundary.worker",
     "autograder.confine": "autograder.boundary.confine",
     "autograder.isolation": "autograder.boundary.isolation",

@@ -97,7 +97,7 @@ def json_name(path: Path, root: Path) -> str:
 def _terminate(signum, frame) -> None:
     """SIGTERM/SIGINT: kill every sandbox of this process, then exit (results files already
     hold the "did not finish" placeholder written at the start)."""
-    from autograder.boundary.sandbox import kill_all
+    from autograder.sandbox import kill_all
     kill_all()
     os._exit(128 + signum)
 

@@ -13,10 +13,11 @@ from typing import Iterable, Mapping
 import pytest
 
 from autograder.boundary.causes import LearnerError
+from autograder.learner import Learner
 from autograder.local import TESTS_DIR, load_graders
 from autograder.notebook import NotebookError, chapter_of, read_notebook, solution_cells
 from autograder.rules.plugin import REGISTRY, Collector, TestOutcome, apply_gates
-from autograder.boundary.sandbox import SandboxLearner, SandboxUnavailable
+from autograder.sandbox import SandboxLearner, SandboxUnavailable
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 
@@ -52,18 +53,20 @@ class SubmissionResult:
         return totals
 
 
-class BrokenLearner:
+class BrokenLearner(Learner):
     """Stands in for a submission that cannot run: every call fails with ``message``."""
 
     def __init__(self, message: str):
+        super().__init__()
         self.message = message
-        self.last_trace: list = []
-        self.trace: list = []
 
     def _fail(self, *args, **kwargs):
         raise LearnerError(self.message)
 
     call = new = method = getattr = launch = build_kernel = _fail
+
+    def cell_list(self) -> list[tuple[str, str]]:
+        return []
 
 
 def chapter_graders() -> dict[str, list[str]]:

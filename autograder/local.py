@@ -1,5 +1,6 @@
-"""In-process learner for notebook check cells (``check``) and for running the graders against
-the solution files (``autograder/tests/conftest.py``). No isolation: advisory only.
+"""``LocalLearner``: the ``Learner`` (``autograder.learner``) whose code runs in this process,
+for notebook check cells (``check``) and for running the graders against the solution files
+(``autograder/tests/conftest.py``). No isolation: advisory only.
 
 Models and caches are the same proxies as in the sandbox, answered by a ``ReferenceStore`` in
 this process, so a grader test behaves the same in both places.
@@ -22,15 +23,13 @@ from torch import Tensor
 from autograder.boundary.builds import KernelBuilder
 from autograder.boundary.causes import LearnerError, OperationRefused, describe
 from autograder.boundary.guard import CallWork, Guard, limits_paused, operation_limit
-from autograder.rules.feedback import PrerequisiteFailed
-from autograder.rules.kernel_rules import cell_problem, interpreter_reach
-from autograder.rules.operations import allowed_operations, refusal_message
 from autograder.boundary.launching import launch
 from autograder.boundary.protocol import HEADER, decode, encode
 from autograder.boundary.proxies import LearnerSide
 from autograder.boundary.refs import Handle, from_wire, to_wire
-from autograder.boundary.store import GraderSideTrace, ReferenceStore
 from autograder.boundary.traffic import LaunchTraffic
+from autograder.learner import Learner
+from autograder.rules.feedback import PrerequisiteFailed
 
 TESTS_DIR = Path(__file__).resolve().parent / "tests"
 BUILDER: list[KernelBuilder] = []   # this process's compile worker (not isolated), at the first build
@@ -46,7 +45,7 @@ def _copy(value: Any) -> Any:
     return decode(encode(value)[HEADER.size:])
 
 
-class LocalLearner(GraderSideTrace):
+class LocalLearner(Learner):
     """The learner API over a namespace ``dict`` of the learner's objects, called directly.
 
     Arguments and results are converted exactly as for the sandbox (tensors copied, markers
@@ -54,16 +53,11 @@ class LocalLearner(GraderSideTrace):
     """
 
     def __init__(self, namespace: dict[str, Any], sources: dict[str, str] | None = None):
+        super().__init__()
         self.namespace = namespace
         self.sources = dict(sources or {})
-        self.store = ReferenceStore()
-        self.exercise = None
         self._side = LearnerSide(self._remote)
-        self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
-        self.last_traffic: LaunchTraffic | None = None   # the last launch's loads and stores
-        self.last_call_work = CallWork()   # the last call's products and exponentials
         self._guard: Guard | None = None
-        self.notes: list[str] = []    # what a passing test adds to its ✓ line
 
     @classmethod
     def from_file(cls, path: str | Path) -> "LocalLearner":
@@ -74,12 +68,8 @@ class LocalLearner(GraderSideTrace):
         exec(compile(source, str(path), "exec"), namespace)
         return cls(namespace, {s.grade_id: s.source for s in split_sections(source)})
 
-    def begin(self, exercise) -> None:
-        """The exercise graded from now on (its ``forbid`` list applies to calls)."""
-        self.exercise = exercise
-
-    def cell_source(self, grade_id: str) -> str | None:
-        return self.sources.get(grade_id)
+    def cell_list(self) -> list[tuple[str, str]]:
+        return list(self.sources.items())
 
     def _remote(self, request: dict) -> dict:
         guard, self._guard = self._guard, None
@@ -99,7 +89,7 @@ class LocalLearner(GraderSideTrace):
         forbid = self.exercise.forbid if self.exercise is not None else ()
         guard = Guard(forbid).install() if forbid else None
         self._guard = guard
-        limit = operation_limit(allowed_operations(self.exercise) if limit_ops else None)
+        limit = operation_limit(self.allowed_operations() if limit_ops else None)
         try:
             with guard.forbidding(forbid) if guard else _nothing(), limit:
                 value = target(*args, **kwargs)
@@ -111,8 +101,7 @@ class LocalLearner(GraderSideTrace):
                 self._guard.uninstall()
             self._guard = None
         if limit.refused:
-            raise OperationRefused(refusal_message(self.exercise.grade_id, limit.refused),
-                                   limit.refused)
+            raise self.refused(limit.refused)
         self.largest_allocation, self.last_call_work = limit.largest, limit.work
         return from_wire(_copy(self._side.result(value)))
 
@@ -148,8 +137,7 @@ class LocalLearner(GraderSideTrace):
         """Run the learner's Triton kernel ``kernel[grid](*args, **kwargs)``; returns ``args``
         after the launch, its loads and stores in ``last_traffic``; a kernel cell that is not plain
         Triton code, or any kernel while a cell names the interpreter's internals, is refused."""
-        problem = cell_problem(self.cell_source(kernel), kernel) or \
-            interpreter_reach(list(self.sources.items()))
+        problem = self.launch_problem(kernel)
         if problem:
             raise LearnerError(problem)
         target = self._lookup(kernel)
@@ -169,13 +157,6 @@ class LocalLearner(GraderSideTrace):
         if not BUILDER:
             BUILDER.append(KernelBuilder("none", None, []))
         return BUILDER[0].build(source, kernel, launches)
-
-    def note(self, text: str) -> None:
-        self.notes.append(text)
-
-    def take_notes(self) -> str:
-        text, self.notes = "\n".join(self.notes), []
-        return text
 
 
 class _nothing:

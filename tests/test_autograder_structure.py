@@ -19,7 +19,7 @@ WORKER_SIDE = {"worker", "confine", "guard", "proxies", "launching", "traffic", 
                "causes", "compiling", "protocol", "refs"}
 THIRD_PARTY = {"torch", "numpy", "triton"}   # what the worker side may import besides stdlib
 FRONT_ENDS = {"cli", "grading", "report", "local", "notebook", "source_notebook",
-              "gradescope_zip", "bench"}
+              "gradescope_zip", "bench", "learner", "sandbox"}
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -105,6 +105,32 @@ def test_rules_and_boundary_never_import_a_front_end():
     wrong = sorted((m, d) for m, deps in import_graph().items() for d in deps
                    if m.split(".")[1:2] in (["rules"], ["boundary"]) and d in fronts)
     assert not wrong, f"autograder.rules and autograder.boundary may not import front-ends: {wrong}"
+
+
+def test_the_boundary_never_imports_the_rules():
+    """One direction between the two layers: a rule may use the boundary (its causes, its wire),
+    the boundary never a rule; what applies both is the learner layer above them."""
+    wrong = sorted((m, d) for m, deps in import_graph().items() for d in deps
+                   if m.split(".")[1:2] == ["boundary"] and d.split(".")[1:2] == ["rules"])
+    assert not wrong, f"autograder.boundary may not import autograder.rules: {wrong}"
+
+
+def test_every_learner_kind_implements_the_one_interface():
+    """SandboxLearner, LocalLearner and BrokenLearner are ``Learner``s with nothing abstract left,
+    and none adds a public method a grader test could come to rely on in one place only."""
+    from autograder.grading import BrokenLearner
+    from autograder.learner import Learner
+    from autograder.local import LocalLearner
+    from autograder.sandbox import SandboxLearner
+
+    declared = {n for n in dir(Learner) if not n.startswith("_")}
+    # what only the grading front-end drives (worker life cycle, the learner's printed output)
+    lifecycle = {"start", "launch_worker", "close", "take_output", "uid", "memory_limit_mb",
+                 "from_file"}
+    for kind in (SandboxLearner, LocalLearner, BrokenLearner):
+        assert issubclass(kind, Learner) and not kind.__abstractmethods__, kind
+        extra = {n for n in dir(kind) if not n.startswith("_")} - declared - lifecycle
+        assert not extra, f"{kind.__name__} has public methods outside Learner: {sorted(extra)}"
 
 
 def test_no_import_cycles():

@@ -182,7 +182,7 @@ def test_check_counts_a_skipped_test_as_a_failure(capsys):
 
 def test_exercise_timeout_replaces_the_call_limit_and_forbid_is_enforced():
     from autograder.rules.plugin import Exercise
-    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.sandbox import SandboxLearner
     cells = [("spin", "import time\ndef spin():\n    time.sleep(30)"),
              ("fused", "def fused(q):\n    return F.scaled_dot_product_attention(q, q, q)")]
     learner = SandboxLearner(cells, timeout=30,
@@ -446,7 +446,7 @@ def test_exercises_with_a_memory_limit_are_graded_last_and_reported_in_file_orde
 
 
 def test_a_function_still_at_its_stub_fails_unrun_and_anything_else_runs():
-    from autograder.boundary.sandbox import untouched_stub
+    from autograder.sandbox import untouched_stub
     stub = 'def f(x):\n    """Doc."""\n    raise NotImplementedError("write f")\n'
     assert untouched_stub([("f", stub)], "f")
     assert untouched_stub([("f", "import torch\n\n\ndef f(x):\n    raise NotImplementedError\n")], "f")
@@ -462,7 +462,7 @@ def test_a_function_still_at_its_stub_fails_unrun_and_anything_else_runs():
 
 def test_an_exercise_memory_limit_applies_while_it_is_graded():
     from autograder.rules.plugin import Exercise
-    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.sandbox import SandboxLearner
     cells = [("grab", "import torch\ndef grab(mb):\n    return float(torch.ones(mb * 2**18).sum())")]
     learner = SandboxLearner(cells, timeout=30, memory_mb=4096)
     try:
@@ -650,7 +650,7 @@ def test_the_worker_refuses_an_operation_outside_the_allowed_set():
     """Through the sandbox: the dispatch mode runs in the worker, the verdict comes back as
     ``OperationRefused`` (the exercise's gate); the proxies' own copies are not counted."""
     from autograder.boundary.causes import OperationRefused
-    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.sandbox import SandboxLearner
     from autograder.rules.plugin import Exercise
     cells = [("norm", "def norm(x):\n    e = (x - x.amax(-1, keepdim=True)).exp()\n"
                       "    return F.normalize(e, p=1, dim=-1)"),
@@ -672,7 +672,7 @@ def test_the_worker_refuses_an_operation_outside_the_allowed_set():
 def test_the_largest_allocation_of_a_call_is_recorded_on_every_size():
     """Bounded memory, seen by the dispatch mode: the whole score matrix shows up at any size,
     a tiled loop stays at a tile's size."""
-    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.sandbox import SandboxLearner
     from autograder.rules.plugin import Exercise
     cells = [("whole", "def whole(q, k):\n    return (q @ k.T).amax(-1)"),
              ("tiled", "def tiled(q, k, tile):\n    best = torch.full((q.shape[0],), float('-inf'))\n"
@@ -945,7 +945,7 @@ def test_the_work_of_the_last_call_comes_back_from_the_worker():
     """``learner.last_call_work`` is the last call's own work (not the sum of calls), sent
     over the wire from the sandbox worker (its elementwise products too); an exercise without
     a limit records none."""
-    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.sandbox import SandboxLearner
     from autograder.rules.plugin import Exercise
     cells = [("scores", "def scores(q, k, times):\n"
                         "    return [torch.exp(q @ k.T) for _ in range(times)][-1]"),
@@ -1069,7 +1069,7 @@ def test_another_cell_cannot_switch_the_operation_recorder_off(attack):
     """Both walls: the static look now covers every cell the worker runs (whichever exercise it
     belongs to), and at run time the mode never imports torch._dynamo and watches torch's
     dispatch machinery. The run-time wall is shown alone by calling the sandbox directly."""
-    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.sandbox import SandboxLearner
     from autograder.rules.plugin import REGISTRY, other_cells_problem
     from autograder.grading import chapter_graders
     chapter_graders()
@@ -1096,7 +1096,7 @@ def test_the_next_memory_limit_s_worker_is_started_ahead_as_another_user():
     serves its exercises (as the other sandbox user, so that killing the first one's user leaves
     it running), and serves the limited exercise from its first call; none is started for an
     exercise still at its stub."""
-    from autograder.boundary.sandbox import SandboxLearner
+    from autograder.sandbox import SandboxLearner
     from autograder.rules.plugin import Exercise
     free, limited = Exercise("free", 1), Exercise("capped", 1, memory_mb=1536)
     cells = [("free", "def free(x):\n    return x + 1\n"),

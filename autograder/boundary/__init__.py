@@ -24,9 +24,9 @@ triton and the other modules of this side or of the wire, never ``reference``, n
 The wire (both sides): ``protocol`` (length-prefixed ``torch.save`` messages, read with
 ``weights_only``), ``refs`` (markers and handles, and the plain data they travel as).
 
-Grader side (may import the wire, ``reference`` and ``autograder.rules``):
+Grader side (may import the wire and ``reference``; never ``autograder.rules``, which is
+built on this package, nor a front-end; ``autograder.sandbox``'s ``SandboxLearner`` drives it):
 
-- ``sandbox``    ``SandboxLearner``, the learner API the grader tests use, with time limits
 - ``process``    one worker process: start, exchange a request under a deadline, kill
 - ``budget``     the learner time a submission may spend over all its calls and restarts
 - ``isolation``  which sandbox this machine allows, what the worker must see and not see

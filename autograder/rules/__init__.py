@@ -2,6 +2,7 @@
 plugin and its points (``plugin``), assertions that teach (``feedback``), fresh inputs
 (``inputs``), the static look at a cell's source (``forbid``, ``kernel_rules``).
 
-May import ``autograder.boundary``'s wire and grader side (never its worker side's internals)
-and ``reference``; the chapter graders in ``autograder/tests/`` import from here.
+May import ``autograder.boundary`` (which never imports this package: the direction is one-way)
+and ``reference``; never a front-end nor the learner classes built on both (``autograder.learner``,
+``sandbox``, ``local``). The chapter graders in ``autograder/tests/`` import from here.
 """

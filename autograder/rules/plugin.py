@@ -179,7 +179,7 @@ class Collector:
     """pytest plugin: provides the ``learner`` and ``seed`` fixtures and collects
     ``outcomes`` (list of ``TestOutcome``) for tests carrying the ``exercise`` mark.
 
-    ``learner`` is any object with the learner API (``SandboxLearner``/``LocalLearner``); if it
+    ``learner`` is an ``autograder.learner.Learner`` (``SandboxLearner``, ``LocalLearner``); if it
     has ``take_output() -> str``, that text becomes the test's output.
     """
 

@@ -1,5 +1,6 @@
-"""Grader side of the sandbox: ``SandboxLearner`` runs learner code in a worker process
-(``autograder.boundary.process``) and keeps the time limits and the proxies' objects.
+"""``SandboxLearner``: the ``Learner`` (``autograder.learner``) whose code runs in a worker
+process behind the process boundary (``autograder.boundary.process``); this side keeps the time
+limits and the proxies' objects.
 
 Modes (``SandboxLearner.mode``), strongest available first:
 
@@ -32,17 +33,15 @@ from typing import Any, Iterable
 
 from autograder.boundary.budget import TimeBudget
 from autograder.boundary.builds import BUILD_SECONDS, KernelBuilder
-from autograder.boundary.causes import NOT_IMPLEMENTED, LearnerError, OperationRefused
+from autograder.boundary.causes import NOT_IMPLEMENTED, LearnerError
 from autograder.boundary.guard import CallWork
 from autograder.boundary.isolation import (UID_SPAN, SandboxUnavailable, choose_mode,
                                            delete_leftovers)
 from autograder.boundary.process import EnvironmentProblem, WorkerProcess
 from autograder.boundary.refs import Handle, from_wire, to_wire
-from autograder.boundary.store import GraderSideTrace, ReferenceStore
 from autograder.boundary.traffic import LaunchTraffic
-from autograder.rules.gpu_targets import start_builds
-from autograder.rules.kernel_rules import cell_problem, interpreter_reach
-from autograder.rules.operations import allowed_operations, refusal_message
+from autograder.learner import Learner
+from autograder.rules.plugin import REGISTRY
 
 __all__ = ["SandboxLearner", "SandboxUnavailable", "EnvironmentProblem", "kill_all"]
 LIVE: set["SandboxLearner"] = set()
@@ -54,36 +53,31 @@ def kill_all() -> None:
         learner.close()
 
 
-class SandboxLearner(GraderSideTrace):
-    """The learner API (``call``, ``new``, ``method``, ``getattr``, ``launch``, ``last_trace``)
-    for the solution ``cells`` (list of ``(grade_id, source)``), run in a worker process.
+class SandboxLearner(Learner):
+    """The learner API for the solution ``cells`` (list of ``(grade_id, source)``), run in a
+    worker process.
 
     ``timeout`` (seconds per call), ``budget`` (seconds of learner time for the whole
     submission), ``memory_mb``, ``hide`` (directories made unreadable in ``namespaces`` mode),
     ``isolate=False`` runs without a sandbox, ``forbid`` adds functions to guard (those of
-    every registered exercise are). ``cell_errors`` maps grade_id -> why its cell did
-    not load.
+    every registered exercise are: the worker starts before the first exercise is known).
+    ``cell_errors`` maps grade_id -> why its cell did not load.
     """
 
     def __init__(self, cells: list[tuple[str, str]], *, timeout: float = 10,
                  memory_mb: int = 4096, hide: Iterable[str | Path] = (), isolate: bool = True,
                  budget: float = 600, forbid: Iterable[str] = ()):
+        super().__init__()
         self.cells, self.timeout, self.memory_mb = list(cells), timeout, memory_mb
         self.budget = TimeBudget(budget)
         self.forbid = set(forbid)  # guarded in the worker, with every forbid of REGISTRY
         self.cell_errors: dict[str, str] = {}
-        self.store = ReferenceStore()
-        self.exercise = None
-        self.largest_allocation = 0   # bytes: the largest tensor the last call's operations made
         self._stubs: dict[str, bool] = {}   # function name -> still at its stub (cells never change)
-        self.last_traffic: LaunchTraffic | None = None   # the last launch's loads and stores
-        self.last_call_work = CallWork()   # the last call's products and exponentials
         self._handles: set[int] = set()
         self._spawned = False
         self._builder: KernelBuilder | None = None   # the compile worker, at the first build
         self._building: ThreadPoolExecutor | None = None  # sends builds, one at a time, beside the tests
         self._builds: dict[tuple, Future] = {}
-        self.notes: list[str] = []                   # what a passing test adds to the report
         self.mode, uid, self.isolation = choose_mode(isolate)
         self._uids = (uid, None if uid is None else uid + UID_SPAN)
         self._hide = [str(Path(p).resolve()) for p in hide]
@@ -105,13 +99,9 @@ class SandboxLearner(GraderSideTrace):
         return self.worker.uid
 
     # -- what the grader tests see -----------------------------------------------------------
-    def begin(self, exercise) -> None:
-        """The exercise graded from now on (its ``forbid`` list, ``timeout`` and ``memory_mb``:
-        its first call to the learner's code stops a worker whose memory limit is not the
-        exercise's and starts one with the right limit, set before any learner code runs; an
-        exercise left at its stub starts none)."""
-        self.exercise = exercise
-        start_builds(self, exercise.grade_id)   # a kernel builds for GPUs while its other tests run
+    # ``begin`` (Learner): the exercise's first call to the learner's code stops a worker whose
+    # memory limit is not the exercise's and starts one with the right limit, set before any
+    # learner code runs; an exercise left at its stub starts none.
 
     @property
     def memory_limit_mb(self) -> int:
@@ -122,8 +112,8 @@ class SandboxLearner(GraderSideTrace):
         wanted = getattr(exercise, "memory_mb", None)
         return min(self.memory_mb, wanted) if wanted else self.memory_mb
 
-    def cell_source(self, grade_id: str) -> str | None:
-        return next((src for gid, src in self.cells if gid == grade_id), None)
+    def cell_list(self) -> list[tuple[str, str]]:
+        return self.cells
 
     # -- worker life cycle -------------------------------------------------------------------
     def launch_worker(self) -> None:
@@ -151,7 +141,6 @@ class SandboxLearner(GraderSideTrace):
             pass   # the budget ran out while loading the cells: the tests say so
 
     def _forbidden(self) -> list[str]:
-        from autograder.rules.plugin import REGISTRY
         return sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})
 
     def _spawn(self) -> None:
@@ -244,7 +233,7 @@ class SandboxLearner(GraderSideTrace):
             refused = reply.get("refused_ops")
             if isinstance(refused, list) and self.exercise is not None:
                 names = [str(n) for n in refused][:10]
-                raise OperationRefused(refusal_message(self.exercise.grade_id, names), names)
+                raise self.refused(names)
             raise LearnerError(str(reply.get("error", "unknown error"))[:2000])
         largest = reply.get("largest")
         self.largest_allocation = int(largest) if isinstance(largest, int) else 0
@@ -266,7 +255,7 @@ class SandboxLearner(GraderSideTrace):
         self.store.trace.clear()
         if self.exercise is not None:
             request["forbid"] = list(self.exercise.forbid)
-            allowed = allowed_operations(self.exercise)
+            allowed = self.allowed_operations()
             if allowed is not None:
                 request["allowed_ops"] = sorted(allowed)
         value = self._request(request)
@@ -325,7 +314,7 @@ class SandboxLearner(GraderSideTrace):
         stores are then in ``last_traffic`` (None when the kernel ran compiled). A kernel cell
         that is not plain Triton code (``kernel_rules.cell_problem``) is refused unrun, and so is
         every kernel while a cell names the interpreter's internals (``interpreter_reach``)."""
-        problem = cell_problem(self.cell_source(kernel), kernel) or interpreter_reach(self.cells)
+        problem = self.launch_problem(kernel)
         if problem:
             raise LearnerError(problem)
         return self._call_named(kernel, {"op": "launch", "name": kernel,
@@ -350,14 +339,6 @@ class SandboxLearner(GraderSideTrace):
         self.budget.require()
         with self.budget.charged():
             return self._builds[(kernel, source, repr(launches))].result()
-
-    def note(self, text: str) -> None:
-        """Add ``text`` to the report of the test that runs now (shown even when it passes)."""
-        self.notes.append(text)
-
-    def take_notes(self) -> str:
-        text, self.notes = "\n".join(self.notes), []
-        return text
 
 
 def untouched_stub(cells: list[tuple[str, str]], name: str) -> bool:
