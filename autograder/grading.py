@@ -16,7 +16,7 @@ from autograder.boundary.causes import LearnerError
 from autograder.learner import Learner
 from autograder.local import TESTS_DIR, load_graders
 from autograder.notebook import NotebookError, chapter_of, read_notebook, solution_cells
-from autograder.rules.plugin import REGISTRY, Collector, TestOutcome, apply_gates
+from autograder.rules.plugin import REGISTRY, Collector, TestOutcome, apply_gates, graded_order
 from autograder.sandbox import SandboxLearner, SandboxUnavailable
 
 PACKAGE_DIR = Path(__file__).resolve().parent
@@ -140,7 +140,8 @@ def grade(path: str | Path | Mapping, *, seed: int, tests: str | Path | None = N
         except SandboxUnavailable as exc:
             result.error, result.refused = str(exc), True
             return result
-        learner.launch_worker()   # the worker imports torch while pytest loads the grader's tests
+        # the worker imports torch while pytest loads the grader's tests
+        learner.launch_worker(graded_order(chapter_graders().get(result.chapter, ())))
     try:   # the worker is ready before the first test, or grading is refused
         result.outcomes = run_tests(Path(tests).resolve(), learner, seed)
     except SandboxUnavailable as exc:

@@ -116,11 +116,15 @@ class SandboxLearner(Learner):
         return self.cells
 
     # -- worker life cycle -------------------------------------------------------------------
-    def launch_worker(self) -> None:
+    def launch_worker(self, exercises: Iterable = ()) -> None:
         """Start the first worker's process without waiting for it (``start`` waits), so that it
-        imports torch while the grader loads its tests. Never raises: ``start`` reports."""
+        imports torch while the grader loads its tests: under the memory limit of the first of
+        ``exercises`` (in the order graded) not left at its stub, so that a submission whose
+        only work is a memory-limited exercise starts one worker, not two. Never raises:
+        ``start`` reports."""
+        limits = self._plan(exercises)
         try:
-            self.worker.launch(self.memory_limit_mb, self._forbidden())
+            self.worker.launch(limits[0] if limits else self.memory_limit_mb, self._forbidden())
         except Exception:  # noqa: BLE001 - start() tries again and says why
             self.worker.kill()
 
@@ -130,15 +134,21 @@ class SandboxLearner(Learner):
         ``SandboxUnavailable`` and grading is refused. ``exercises``: those to be graded, in
         order (the plan); where their memory limits differ, the next limit's worker is started
         ahead, unless every exercise needing it is still at its stub."""
-        self._limits = []
-        for exercise in exercises:
-            limit = self._limit_of(exercise)
-            if limit not in self._limits and not untouched_stub(self.cells, exercise.grade_id):
-                self._limits.append(limit)
+        self._limits = self._plan(exercises)
         try:
             self._ensure_worker()
         except LearnerError:
             pass   # the budget ran out while loading the cells: the tests say so
+
+    def _plan(self, exercises: Iterable) -> list[int]:
+        """The memory limits of ``exercises`` (in the order graded), once each, leaving out the
+        exercises still at their stub (they call no learner code)."""
+        limits: list[int] = []
+        for exercise in exercises:
+            limit = self._limit_of(exercise)
+            if limit not in limits and not untouched_stub(self.cells, exercise.grade_id):
+                limits.append(limit)
+        return limits
 
     def _forbidden(self) -> list[str]:
         return sorted(self.forbid | {n for e in REGISTRY.values() for n in e.forbid})

@@ -30,3 +30,18 @@ def threads(request):
     torch.set_num_threads(request.param)
     yield request.param
     torch.set_num_threads(before)
+
+
+def pytest_collection_modifyitems(config, items):
+    """The suite runs over xdist workers (``--dist loadgroup``, pyproject.toml): a test that uses
+    a module-scoped fixture (a model loaded, a course directory built, a zip graded) joins its
+    module's group, so the fixture is made once, in one worker; the other tests spread one by
+    one. A test that names its own group (the self-checks: one per chapter) keeps it."""
+    for item in items:
+        if item.get_closest_marker("xdist_group") is not None:
+            continue
+        definitions = getattr(item, "_fixtureinfo", None)
+        scopes = {d.scope for defs in (definitions.name2fixturedefs.values() if definitions else ())
+                  for d in defs}
+        if "module" in scopes:
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))

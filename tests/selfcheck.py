@@ -7,9 +7,9 @@ the teaching message the grader must show for it. A section is full code, or a s
 as ``# replace:`` / ``# with:`` edits of the solution section, applied by ``variants``; ``# expect score: N`` says it must score exactly N points on its exercise
 (where the grader must withhold every point, not only some). The k-th section of a kind ("wrong", "cheat") of every
 exercise goes into notebook ``<kind>_<k>``; exercises without a k-th section keep their stub.
-The notebooks of all chapters sit in one folder that a single
-``python -m autograder grade FOLDER --jobs 2`` grades (the CLI picks each notebook's chapter
-from its metadata), which keeps the self-checks within about a minute.
+A chapter's notebooks sit in one folder that one ``python -m autograder grade FOLDER --jobs 2``
+grades (the CLI picks each notebook's chapter from its metadata); each chapter is its own xdist
+group, so the chapters spread over the suite's workers.
 """
 from __future__ import annotations
 
@@ -88,10 +88,10 @@ def batches(chapter: str) -> dict[str, dict[str, Section]]:
     return out
 
 
-# Hang guard of the one CLI run that grades every chapter's submissions (a few minutes on 2
+# Hang guard of the CLI run that grades a chapter's submissions (up to about two minutes on 2
 # quiet cores), not a budget: a slower or busier machine must not fail the self-checks.
 # test_selfcheck.py gives its tests this much more than pytest's per-test timeout.
-CLI_SECONDS = 2400
+CLI_SECONDS = 1200
 
 
 def grade_chapters(chapters: list[str], workdir: Path, *, seed: int = 1234, timeout: float = 10,
@@ -131,25 +131,10 @@ def grade_chapters(chapters: list[str], workdir: Path, *, seed: int = 1234, time
     return graded
 
 
-_CACHE: dict[str, dict[str, Graded]] = {}
-_FAILED: list[str] = []   # a failed grading run's message: every chapter's fixture reports it
-
-
-def graded_chapter(chapter: str, tmp_path_factory, selected=None) -> dict[str, Graded]:
-    """Results for ``chapter``. The first request grades, in one CLI run, every chapter in
-    ``selected`` (those the pytest run selected, e.g. ``-k ch05``; default: every chapter that
-    has submissions); later requests reuse it."""
-    if _FAILED:
-        raise AssertionError(f"the one grading run already failed (not run again):\n{_FAILED[0]}")
-    if chapter not in _CACHE:
-        every = {p.stem for p in SUBMISSIONS.glob("ch[0-9][0-9]_*.py")}
-        chapters = sorted((set(selected) & every if selected else every) | {chapter})
-        try:
-            _CACHE.update(grade_chapters(chapters, tmp_path_factory.mktemp("selfcheck")))
-        except (AssertionError, subprocess.TimeoutExpired) as failure:
-            _FAILED.append(str(failure))
-            raise
-    return _CACHE[chapter]
+def graded_chapter(chapter: str, tmp_path_factory) -> dict[str, Graded]:
+    """Results for ``chapter``: its stub and every batch graded in one CLI run of its own, so
+    that the chapters spread over the suite's workers (one xdist group each)."""
+    return grade_chapters([chapter], tmp_path_factory.mktemp(f"selfcheck-{chapter}"))[chapter]
 
 
 def describe(graded: dict[str, Graded]) -> str:

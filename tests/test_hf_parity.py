@@ -4,7 +4,6 @@ import torch
 
 from reference.decoding import generate
 from reference.bench.hf_peer import load_hf_peer
-from reference.model import load_model
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):",
            "Write a short poem about memory bandwidth."]
@@ -12,8 +11,8 @@ LOGIT_TOLERANCE = 1e-3  # max |ours - HF| over all logits; both dequantize Q4_1 
 
 
 @pytest.fixture(scope="module")
-def models():
-    model, tok = load_model("smollm2-135m")
+def models(real_model):
+    model, tok = real_model
     return model, tok, load_hf_peer()
 
 

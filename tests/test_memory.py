@@ -212,9 +212,8 @@ def test_tiny_cache_buffers_equal_the_formula():
 
 
 @pytest.mark.slow
-def test_real_model_cache_is_22_5_kib_per_token_in_fp16():
-    from reference.model import load_model
-    real, _ = load_model("smollm2-135m")
+def test_real_model_cache_is_22_5_kib_per_token_in_fp16(real_model):
+    real, _ = real_model
     cfg = real.config
     preset = MODELS["SmolLM2-135M"]
     assert (cfg.n_layers, cfg.n_kv_heads, cfg.head_dim, cfg.n_heads, cfg.d_model) == (

@@ -120,8 +120,8 @@ def test_evaluate_kv_formats_on_the_tiny_model():
 
 
 @pytest.mark.slow
-def test_real_model_int8_cache_is_nearly_lossless():
-    model, tok = load_model("smollm2-135m")
+def test_real_model_int8_cache_is_nearly_lossless(real_model):
+    model, tok = real_model
     from reference.quant import EVAL_TEXT
     rows = evaluate_kv_formats(model, tok, EVAL_TEXT, n_tokens=8,
                                formats=["fp32", "int8 (K/channel, V/token)"])

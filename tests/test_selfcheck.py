@@ -10,22 +10,22 @@ import pytest
 
 import selfcheck
 
-# The first test's fixture grades every chapter in one CLI run: its limit is that run's hang
-# guard (selfcheck.CLI_SECONDS), not pytest's per-test timeout.
+# A chapter's first test grades the chapter in one CLI run: its limit is that run's hang guard
+# (selfcheck.CLI_SECONDS), not pytest's per-test timeout.
 pytestmark = pytest.mark.timeout(selfcheck.CLI_SECONDS + 120)
 CHAPTERS = sorted(p.stem for p in selfcheck.SUBMISSIONS.glob("ch[0-9][0-9]_*.py"))
 
 
-@pytest.fixture(scope="module", params=CHAPTERS)
+# Each chapter's tests run in one xdist worker (its group), which grades the chapter once.
+@pytest.fixture(scope="module", params=[pytest.param(c, marks=pytest.mark.xdist_group(f"selfcheck-{c}"))
+                                        for c in CHAPTERS])
 def chapter(request):
     return request.param
 
 
 @pytest.fixture(scope="module")
-def graded(chapter, tmp_path_factory, request):
-    selected = {item.callspec.params["chapter"] for item in request.session.items
-                if "chapter" in getattr(getattr(item, "callspec", None), "params", {})}
-    return selfcheck.graded_chapter(chapter, tmp_path_factory, selected)
+def graded(chapter, tmp_path_factory):
+    return selfcheck.graded_chapter(chapter, tmp_path_factory)
 
 
 def test_every_chapter_with_exercises_has_submissions():

@@ -325,10 +325,8 @@ def test_real_model_first_sampled_token_has_the_targets_distribution(real_model)
     assert abs(accepted / n - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / n)
 
 
-def test_real_model_greedy_output_is_unchanged_by_speculation():
-    from reference.model import load_model
-
-    model, tok = load_model("smollm2-135m")
+def test_real_model_greedy_output_is_unchanged_by_speculation(real_model):
+    model, tok = real_model
     prompt = tok.chat_ids("Repeat exactly: the quick brown fox jumps over the lazy dog.")
     expected = generate(model, prompt, 10, stop_ids=tok.stop_ids)
     for drafter, k in [(PromptLookupDrafter(), 4), (layer_skip_drafter(model, 12), 2)]:

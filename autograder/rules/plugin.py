@@ -165,14 +165,22 @@ def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def _memory_last(item: pytest.Item) -> float:
-    """Sort key that runs the exercises with a memory limit of their own (``memory_mb``) after
+def memory_last(entry: Exercise | None) -> float:
+    """Sort key that grades the exercises with a memory limit of their own (``memory_mb``) after
     the others, the highest limit first (a stable sort keeps every exercise's own order): each
     limit then starts one worker, where grading in file order could start one for the limited
     exercise and another after it. Outcomes are reported in file order (``Collector.position``)."""
-    mark = item.get_closest_marker("exercise")
-    entry = REGISTRY.get(mark.args[0]) if mark else None
     return -entry.memory_mb if entry is not None and entry.memory_mb else float("-inf")
+
+
+def graded_order(grade_ids: Iterable[str]) -> list[Exercise]:
+    """The registered exercises among ``grade_ids`` in the order the ``Collector`` grades them."""
+    return sorted((REGISTRY[g] for g in dict.fromkeys(grade_ids) if g in REGISTRY), key=memory_last)
+
+
+def _memory_last(item: pytest.Item) -> float:
+    mark = item.get_closest_marker("exercise")
+    return memory_last(REGISTRY.get(mark.args[0]) if mark else None)
 
 
 class Collector:
