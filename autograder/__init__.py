@@ -5,7 +5,7 @@ By role: the front-ends here (``cli``, ``grading``, ``report``, ``notebook``,
 ``source_notebook``, ``gradescope_zip``, ``bench``), the learner API (``learner``: one interface,
 run in a sandboxed process by ``sandbox`` or in this one by ``local``), what a grader applies in
 ``rules/``, the process boundary that learner code runs behind in ``boundary/``, the chapter graders in
-``tests/`` and the solutions in ``solutions/``.
+``graders/`` and the solutions in ``solutions/``.
 """
 import importlib.abc
 import sys

@@ -20,8 +20,7 @@ LEFT_OUT = ("autograder/solutions",)
 def resolve_chapter(chapter: str) -> str:
     """Full chapter name (``ch01_naive_decoding``) for ``ch01`` or the full name; ValueError
     naming the known chapters otherwise."""
-    graders = sorted(p.stem.removeprefix("test_")
-                     for p in (ROOT / "autograder" / "tests").glob("test_ch[0-9][0-9]_*.py"))
+    graders = sorted(p.stem for p in (ROOT / "autograder" / "graders").glob("ch[0-9][0-9]_*.py"))
     matches = [g for g in graders if g == chapter or g.split("_", 1)[0] == chapter]
     if len(matches) != 1:
         raise ValueError(f"unknown chapter {chapter!r}; known: {', '.join(graders)}")

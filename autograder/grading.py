@@ -14,7 +14,7 @@ import pytest
 
 from autograder.boundary.causes import LearnerError
 from autograder.learner import Learner
-from autograder.local import TESTS_DIR, load_graders
+from autograder.local import GRADERS_DIR, load_graders
 from autograder.notebook import NotebookError, chapter_of, read_notebook, solution_cells
 from autograder.rules.plugin import REGISTRY, Collector, TestOutcome, apply_gates, graded_order
 from autograder.sandbox import SandboxLearner, SandboxUnavailable
@@ -81,11 +81,11 @@ def chapter_graders() -> dict[str, list[str]]:
 
 
 def grader_file(chapter: str) -> Path:
-    """``autograder/tests/test_<chapter>.py`` for ``ch01_naive_decoding`` or ``ch01``."""
-    matches = sorted(TESTS_DIR.glob(f"test_{chapter}.py")) or \
-        sorted(TESTS_DIR.glob(f"test_{chapter}_*.py"))
+    """``autograder/graders/<chapter>.py`` for ``ch01_naive_decoding`` or ``ch01``."""
+    matches = sorted(GRADERS_DIR.glob(f"{chapter}.py")) or \
+        sorted(GRADERS_DIR.glob(f"{chapter}_*.py"))
     if not matches:
-        raise FileNotFoundError(f"no grader for chapter {chapter!r} in {TESTS_DIR}")
+        raise FileNotFoundError(f"no grader for chapter {chapter!r} in {GRADERS_DIR}")
     return matches[0]
 
 

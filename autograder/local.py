@@ -1,6 +1,6 @@
 """``LocalLearner``: the ``Learner`` (``autograder.learner``) whose code runs in this process,
 for notebook check cells (``check``) and for running the graders against the solution files
-(``autograder/tests/conftest.py``). No isolation: advisory only.
+(``autograder/graders/conftest.py``). No isolation: advisory only.
 
 Models and caches are the same proxies as in the sandbox, answered by a ``ReferenceStore`` in
 this process, so a grader test behaves the same in both places.
@@ -31,7 +31,7 @@ from autograder.boundary.traffic import LaunchTraffic
 from autograder.learner import Learner
 from autograder.rules.feedback import PrerequisiteFailed
 
-TESTS_DIR = Path(__file__).resolve().parent / "tests"
+GRADERS_DIR = Path(__file__).resolve().parent / "graders"
 BUILDER: list[KernelBuilder] = []   # this process's compile worker (not isolated), at the first build
 
 
@@ -168,8 +168,8 @@ class _nothing:
 
 
 def load_graders() -> None:
-    """Import every ``autograder/tests/test_ch*.py`` so that ``plugin.REGISTRY`` is complete."""
-    for path in sorted(TESTS_DIR.glob("test_ch*.py")):
+    """Import every ``autograder/graders/ch*.py`` so that ``plugin.REGISTRY`` is complete."""
+    for path in sorted(GRADERS_DIR.glob("ch[0-9][0-9]_*.py")):
         name = f"_autograder_graders.{path.stem}"
         if name in sys.modules:
             continue

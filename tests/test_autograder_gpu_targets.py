@@ -128,7 +128,7 @@ def builder():
 
 def _grader(chapter: str):
     load_graders()
-    return sys.modules[f"_autograder_graders.test_{chapter}"]
+    return sys.modules[f"_autograder_graders.{chapter}"]
 
 
 FLASH = "flash_attention_fwd_kernel"

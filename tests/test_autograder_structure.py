@@ -59,7 +59,7 @@ def worker_side_violations(root: Path) -> list[str]:
 
 def import_graph() -> dict[str, set[str]]:
     """module -> the autograder modules it imports (chapter graders and solutions left out)."""
-    paths = [p for p in ROOT.rglob("*.py") if p.parent.name not in ("tests", "solutions",
+    paths = [p for p in ROOT.rglob("*.py") if p.parent.name not in ("graders", "solutions",
                                                                       "gradescope")]
     modules = {module_name(p, ROOT): p for p in paths}
     return {name: {d for d in imports_of(path) if d in modules and d != name}
@@ -79,7 +79,7 @@ def test_the_worker_side_imports_nothing_of_the_grader():
                                      "import pytest"])
 def test_a_planted_grader_import_on_the_worker_side_is_found(tmp_path, planted):
     copy = tmp_path / "autograder"
-    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("tests", "solutions", "__pycache__"))
+    shutil.copytree(ROOT, copy, ignore=shutil.ignore_patterns("graders", "solutions", "__pycache__"))
     proxies = copy / "boundary" / "proxies.py"
     proxies.write_text(proxies.read_text() + f"\n\ndef planted():\n    {planted}\n")
     assert worker_side_violations(copy), f"{planted!r} on the worker side was not reported"

@@ -36,7 +36,7 @@ def _notebook(chapter: str) -> dict:
 def _graded_exercises(chapter: str) -> dict[str, float]:
     """grade_id -> points of the exercises whose tests live in test_<chapter>.py."""
     load_graders()
-    grader = f"test_{chapter}.py"
+    grader = f"{chapter}.py"
     return {gid: ex.points for gid, ex in REGISTRY.items()
             if any(Path(key.split("::")[0]).name == grader for key in ex.tests)}
 
@@ -45,7 +45,7 @@ def test_every_chapter_with_solutions_has_a_notebook_and_a_grader():
     assert CHAPTERS, "no solution files found in autograder/solutions/"
     for chapter in CHAPTERS:
         assert (EXERCISES / f"{chapter}.ipynb").exists(), f"exercises/{chapter}.ipynb is missing"
-        assert (ROOT / "autograder" / "tests" / f"test_{chapter}.py").exists()
+        assert (ROOT / "autograder" / "graders" / f"{chapter}.py").exists()
 
 
 @pytest.mark.parametrize("chapter", CHAPTERS)

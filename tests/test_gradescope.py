@@ -167,7 +167,7 @@ def exercise_scores(results: dict) -> dict[str, tuple[float, float]]:
 def test_zip_holds_the_scripts_and_grading_code_but_no_solutions(zip_path):
     names = zipfile.ZipFile(zip_path).namelist()
     assert {"setup.sh", "run_autograder", "autograder/cli.py", "reference/model.py",
-            f"autograder/tests/test_{CHAPTER}.py"} <= set(names)
+            f"autograder/graders/{CHAPTER}.py"} <= set(names)
     assert not [n for n in names if "solutions" in n or "__pycache__" in n]
     archive = zipfile.ZipFile(zip_path)
     assert archive.getinfo("run_autograder").external_attr >> 16 & stat.S_IXUSR
@@ -192,7 +192,7 @@ def test_the_capstone_zip_holds_its_grader_and_the_engine_but_no_solutions(tmp_p
     assert run.returncode == 0, run.stderr
     archive = zipfile.ZipFile(run.stdout.strip())
     names = archive.namelist()
-    assert {"autograder/tests/test_ch12_serving_capstone.py", "reference/engine/replay.py",
+    assert {"autograder/graders/ch12_serving_capstone.py", "reference/engine/replay.py",
             "reference/engine/scheduler.py"} <= set(names)
     assert not [n for n in names if "solutions" in n]
     assert 'chapter="ch12_serving_capstone"' in archive.read("run_autograder").decode()

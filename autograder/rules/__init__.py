@@ -4,5 +4,5 @@ plugin and its points (``plugin``), assertions that teach (``feedback``), fresh 
 
 May import ``autograder.boundary`` (which never imports this package: the direction is one-way)
 and ``reference``; never a front-end nor the learner classes built on both (``autograder.learner``,
-``sandbox``, ``local``). The chapter graders in ``autograder/tests/`` import from here.
+``sandbox``, ``local``). The chapter graders in ``autograder/graders/`` import from here.
 """

@@ -1,7 +1,7 @@
 """Fixtures of the chapter graders.
 
 Under the autograder (``python -m autograder grade``) ``learner`` and ``seed`` come from the
-grading plugin. Run directly (``python -m pytest autograder/tests/test_ch01_naive_decoding.py``)
+grading plugin. Run directly (``python -m pytest autograder/graders/ch01_naive_decoding.py``)
 the tests grade the solution file ``autograder/solutions/ch01_naive_decoding.py`` in-process,
 under each test's exercise (its forbidden functions, its operation limit and the work and memory
 it records), with the seed from ``$AUTOGRADER_SEED`` (default 0) — the quickest way to check a
@@ -24,7 +24,7 @@ def learner(request):
     collector = request.config.stash.get(COLLECTOR, None)
     if collector is not None:
         return collector.learner
-    solution = SOLUTIONS / (request.path.stem.removeprefix("test_") + ".py")
+    solution = SOLUTIONS / request.path.name
     if not solution.exists():
         pytest.skip(f"no solution file {solution} to grade")
     learner = LocalLearner.from_file(solution)
