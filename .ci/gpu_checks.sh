@@ -49,17 +49,17 @@ cat "$out/env.txt"
 
 case $stage in
 tests)
-    step kernels 140 $pytest_cmd -n 8 tests/test_kernels_softmax.py tests/test_kernels_flash.py \
-        tests/test_kernels_decode.py tests/test_kernels_paged.py tests/test_kernels_model.py \
-        tests/test_kernels_bench.py -k "not smollm2"
-    step graders 90 $pytest_cmd -n 4 tests/test_autograder_triton.py tests/test_autograder_gpu_targets.py
+    step kernels 140 $pytest_cmd -n 8 tests/kernels/test_kernels_softmax.py tests/kernels/test_kernels_flash.py \
+        tests/kernels/test_kernels_decode.py tests/kernels/test_kernels_paged.py tests/kernels/test_kernels_model.py \
+        tests/kernels/test_kernels_bench.py -k "not smollm2"
+    step graders 90 $pytest_cmd -n 4 tests/grading/test_autograder_triton.py tests/grading/test_autograder_gpu_targets.py
     ;;
 selfcheck)
-    step selfcheck 540 $pytest_cmd tests/test_selfcheck.py -k "ch05 or ch06 or ch07 or ch08"
+    step selfcheck 540 $pytest_cmd tests/grading/test_selfcheck.py -k "ch05 or ch06 or ch07 or ch08"
     ;;
 model)
-    step device 100 $pytest_cmd tests/test_device.py tests/test_roofline.py tests/test_kernels_model.py \
-        tests/test_engine.py tests/test_bench.py -k "device or gpu or smollm2 or triton"
+    step device 100 $pytest_cmd tests/model/test_device.py tests/calculators/test_roofline.py tests/kernels/test_kernels_model.py \
+        tests/engine/test_engine.py tests/bench/test_bench.py -k "device or gpu or smollm2 or triton"
     step bench_kernels 120 python3 -m reference.bench kernels --quick --json "$out/kernels_quick.json"
     for attention in triton torch; do
         step "batch_$attention" 150 python3 -m reference.bench batch --device cuda \

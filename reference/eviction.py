@@ -15,7 +15,7 @@ steps (a step attends over those and its own new key).
 Positions. Our cache stores keys *after* RoPE, each rotated by the position it was computed at.
 With ``reindex=False`` (the default) nothing moves: a kept key keeps its real position, and a new
 query is rotated by its real position, so eviction is exactly attention with the evicted keys
-masked out (tests/test_eviction.py checks this against the full cache and a mask). That is
+masked out (tests/compression/test_eviction.py checks this against the full cache and a mask). That is
 H2O's setting, and fine while the real positions stay inside the model's trained context.
 StreamingLLM instead assigns positions *within the cache* (slot 0, 1, ...), so that a stream
 longer than the trained context never shows the model a distance it has not seen; the paper

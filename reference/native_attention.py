@@ -13,7 +13,7 @@ softmax per query head (README, "The engine's decode attention", has the measure
 `runs` says so: float32 CPU tensors, the switch on (REFERENCE_NATIVE_ATTENTION=0 or `set_enabled`
 turn it off) and the native library built (reference/native_gemv.py: a C compiler, not switched
 off by REFERENCE_NATIVE_GEMV=0). Otherwise the gather and SDPA run: the same arithmetic up to float
-rounding (tests/test_native_attention.py holds both to a float64 computation).
+rounding (tests/model/test_native_attention.py holds both to a float64 computation).
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ weights) and attention stays `reference.attention.paged_attention` (its decode r
 "torch" backend, float32 weights on the CPU, every layer, no hook on a module inside the model,
 the switch on (REFERENCE_NATIVE_BATCH=0 or `set_enabled` turn it off) and the native library
 built (reference/native_gemv.py). Otherwise the model's own operators run: the same arithmetic up
-to float rounding (tests/test_native_batch.py holds both to a float64 run).
+to float rounding (tests/model/test_native_batch.py holds both to a float64 run).
 """
 from __future__ import annotations
 

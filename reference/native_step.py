@@ -34,7 +34,7 @@ when: one new token for one sequence over a `KVCache`, float32 on the CPU, the d
 attention, no custom mask, positions, layer limit or logit rows, and the library built (see
 native_gemv: a C compiler, not switched off by REFERENCE_NATIVE_GEMV=0). Otherwise, and always
 where REFERENCE_NATIVE_STEP=0, the torch operators run: the same arithmetic, so the same logits up
-to float rounding (tests/test_native_step.py holds both to a float64 run of the model).
+to float rounding (tests/model/test_native_step.py holds both to a float64 run of the model).
 """
 from __future__ import annotations
 

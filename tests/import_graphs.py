@@ -1,4 +1,4 @@
-"""Shared by tests/test_structure.py and tests/test_autograder_structure.py: modules on an
+"""Shared by tests/test_structure.py and tests/grading/test_autograder_structure.py: modules on an
 import cycle in a graph of ``module -> the modules it imports``."""
 from __future__ import annotations
 

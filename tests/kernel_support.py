@@ -1,4 +1,4 @@
-"""Shared by tests/test_kernels_*.py: where the kernels run, fresh inputs, poisoned outputs.
+"""Shared by tests/kernels/test_kernels_*.py: where the kernels run, fresh inputs, poisoned outputs.
 
 Importing this module before `reference.kernels` chooses how the Triton kernels run: natively
 when a CUDA GPU is present, otherwise in Triton's interpreter. `@triton.jit` reads

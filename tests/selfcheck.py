@@ -1,4 +1,4 @@
-"""Used by tests/test_selfcheck.py: grade one chapter's stub, solutions, known-wrong and
+"""Used by tests/grading/test_selfcheck.py: grade one chapter's stub, solutions, known-wrong and
 cheating submissions through the command-line autograder, then report per exercise.
 
 Submissions are sections of ``tests/submissions/<chapter>.py`` (marker syntax in

@@ -3,7 +3,7 @@ through pipes and keeps everything a verdict rests on.
 
 Worker side (runs in the learner's process; imports only the standard library, torch, numpy,
 triton and the other modules of this side or of the wire, never ``reference``, never
-``autograder.rules`` or the front-ends: ``tests/test_autograder_structure.py``):
+``autograder.rules`` or the front-ends: ``tests/grading/test_autograder_structure.py``):
 
 - ``worker``     the request loop: runs the cells, calls the learner's functions and kernels
 - ``confine``    namespaced mounts, the unprivileged user, Landlock (before learner code runs)

@@ -21,7 +21,7 @@ Requests are plain dicts so that the exercise notebooks use the same data: a wor
 so far) and `prefilled` (prompt tokens processed so far).
 
 `reference.engine` schedules by the same rules; without preemption or prefix-cache hits it
-samples every token in the step this simulator predicts (tests/test_batching_sim_engine.py).
+samples every token in the step this simulator predicts (tests/engine/test_batching_sim_engine.py).
 """
 from __future__ import annotations
 

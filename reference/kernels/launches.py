@@ -181,7 +181,7 @@ FMA = ("IEEE fp32 products run on the FMA units, operands in registers: fp32 is 
 SM75 = ("triton 3.9 keeps tl.dot's operands in registers on sm_75 (no bf16 tensor-core instruction there "
         "at all): nearly every tile spills; a T4 is the free GPU, where running matters more than speed")
 # The one place that accepts a spill: (kernel, words of the config, target or "*") -> why. Any other
-# spill fails tests/test_kernel_targets.py.
+# spill fails tests/kernels/test_kernel_targets.py.
 ACCEPTED_SPILLS = {**{(kernel, "fp32", "*"): FMA for kernel in DOT}, **{(kernel, "", "T4"): SM75 for kernel in DOT}}
 # What the matrix found that would not run, or would spill, and is not fixed yet: same keys -> what
 # is wrong. The test requires each such row to still fail or spill, so a fix must remove its entry.

@@ -4,7 +4,7 @@ q [Nq, d], k and v [Nk, d]. Each function returns the output [Nq, d] and fills
 an `HBM` ledger with the bytes each named tensor moved between HBM and the
 chip: tiles are loaded with `hbm.load` and results stored with `hbm.store`,
 nothing else crosses. The closed forms of `reference.calculators.flash_traffic`
-count the same bytes without running anything (tests/test_flash_traffic.py).
+count the same bytes without running anything (tests/calculators/test_flash_traffic.py).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Known-wrong and cheating submissions for chapter 10 (see tests/test_selfcheck.py).
+"""Known-wrong and cheating submissions for chapter 10 (see tests/grading/test_selfcheck.py).
 
 Each section is the body of one solution cell, written in full or, for a slip, as
 `# replace:` / `# with:` edits of the solution section (autograder/solutions/__init__.py);

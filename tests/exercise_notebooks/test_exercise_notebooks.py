@@ -24,7 +24,7 @@ from autograder.solutions import chapters, load_solutions
 from autograder.source_notebook import (BEGIN, END, exercise_cells, fill, release,
                                         source_notebook, split_regions, structure_problems)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXERCISES = ROOT / "exercises"
 CHAPTERS = chapters()
 

@@ -24,7 +24,7 @@ from autograder.notebook import inject
 from autograder.boundary.isolation import namespaces_available
 from autograder.boundary.confine import landlock_abi
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 GRADER = ROOT / "tests/fixtures/hostile_grader.py"
 IS_ROOT = os.geteuid() == 0
 ISOLATED = namespaces_available() is None

@@ -29,7 +29,7 @@ from autograder.source_notebook import release
 
 pytestmark = pytest.mark.slow   # runs whole notebooks in Jupyter kernels
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAPTERS = {"ch01": "ch01_naive_decoding", "ch02": "ch02_kv_cache",
             "ch12": "ch12_serving_capstone"}
 AUTOGRADED = "ch02"

@@ -15,7 +15,7 @@ from autograder.notebook import read_notebook, solution_cells
 from autograder.solutions import load_solutions
 from autograder.source_notebook import BEGIN, END, release, source_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def autograder(*args: str) -> subprocess.CompletedProcess:

@@ -17,7 +17,7 @@ from autograder.boundary.protocol import MAX_MESSAGE, HEADER, ProtocolError, dec
 from autograder.boundary.refs import CacheRef, Handle, ModelRef, from_wire, to_wire
 from autograder.boundary.store import ReferenceStore
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def solution(grade_id, source):
@@ -1001,7 +1001,7 @@ def k(x, out, n, BLOCK: tl.constexpr):
 
 def test_kernel_rules_find_the_loops_and_fixed_tiles():
     """The static looks left as early messages (a second pass is seen in the traffic:
-    tests/test_autograder_triton.py)."""
+    tests/grading/test_autograder_triton.py)."""
     from autograder.rules.kernel_rules import fixed_size_aranges, key_loops
     assert len(key_loops(ONE_PASS, "k")) == 1 and len(key_loops(TWO_PASS, "k")) == 2
     assert fixed_size_aranges(ONE_PASS, "k") == []

@@ -10,7 +10,7 @@ from reference.bench.prose import (bound_phrase, exercise_list, naive_growth_par
                                    shortfall_phrase, speedup_phrase, times_phrase,
                                    verification_sentence)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.parametrize("ratio, expected", [

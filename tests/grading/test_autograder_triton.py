@@ -16,7 +16,7 @@ import torch
 
 from autograder.solutions import split_sections
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures"
 GRADER = FIXTURES / "triton_grader.py"
 SECTIONS = {s.kind: s for s in split_sections((FIXTURES / "triton_submissions.py").read_text())}

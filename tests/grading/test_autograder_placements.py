@@ -31,7 +31,7 @@ import pytest
 from autograder.source_notebook import source_notebook
 from placement import link_packages, linked_venv, venv_site_packages
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAPTER = "ch01_naive_decoding"
 # The hostile notebook loses naive_work's 2 points, and causal_attention's 3: its naive_work cell
 # names `sys` and `__import__`, and every cell runs where causal_attention's operations are

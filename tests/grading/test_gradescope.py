@@ -21,7 +21,7 @@ from placement import linked_venv
 
 from autograder.source_notebook import source_notebook
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CHAPTER = "ch01_naive_decoding"
 FULL = 8   # points of chapter 01: naive_work 2, causal_attention 3, naive_generate 3
 SPEC_TOP = {"score", "execution_time", "output", "output_format", "test_output_format",

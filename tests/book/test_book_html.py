@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 HTML = ROOT / "_build" / "html"
 PAGES = sorted((HTML / "book").glob("*.html")) if HTML.is_dir() else []
 

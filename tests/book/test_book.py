@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 BOOK = ROOT / "book"
 SEED_TOOL = ROOT.parent / "shared" / "tools" / "seed_overlap.py"
 

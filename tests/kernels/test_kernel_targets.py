@@ -30,7 +30,7 @@ from reference.kernels.launches import Launch, all_launches, matrix_problems, op
 from reference.kernels.targets import CompileReport, compile_for, ptxas_usage
 
 SLICES = 48
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SOLUTION_CHAPTERS = ("ch05_flash_attention", "ch06_online_softmax", "ch07_flash_versions", "ch08_paged_attention")
 
 
