@@ -78,3 +78,11 @@ def test_unknown_chapter_is_one_line_and_exit_2(command, capsys, tmp_path, monke
     err = capsys.readouterr().err
     assert code == 2 and "unknown chapter 'ch99'" in err, err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_cli_help_lists_the_options():
+    out = subprocess.run([sys.executable, "-m", "autograder", "grade", "--help"], cwd=ROOT,
+                         capture_output=True, text=True).stdout
+    for option in ("--json", "--csv", "--jobs", "--timeout", "--memory-mb", "--seed", "--tests"):
+        assert option in out
+
