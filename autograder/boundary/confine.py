@@ -5,6 +5,7 @@ Linux only; every step that fails raises ``OSError`` naming it.
 from __future__ import annotations
 
 import ctypes
+import errno as errno_module
 import os
 from pathlib import Path
 
@@ -35,6 +36,15 @@ def _check(result: int, what: str) -> None:
         raise OSError(errno, f"{what}: {os.strerror(errno)}")
 
 
+def _mask(result: int, what: str) -> None:
+    """``_check`` for a mount that masks a path: a path gone since it was listed (another grader's
+    worker directory beside a Python environment under /tmp, deleted when that grading ended)
+    has nothing left to hide."""
+    if result != 0 and ctypes.get_errno() == errno_module.ENOENT:
+        return
+    _check(result, what)
+
+
 def _read_only(path: bytes, what: str) -> None:
     attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
     _check(LIBC.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path, AT_RECURSIVE, ctypes.byref(attr),
@@ -55,11 +65,10 @@ def lock_down(show: list[str], hide: list[str], restore: list[str] = ()) -> str:
         if os.path.islink(path):
             continue    # mount would follow it: its target is masked or shown on its own
         if os.path.isdir(path):
-            _check(LIBC.mount(b"none", path.encode(), b"tmpfs", flags, b"size=4k,mode=0555"),
-                   f"mount tmpfs over {path}")
+            _mask(LIBC.mount(b"none", path.encode(), b"tmpfs", flags, b"size=4k,mode=0555"),
+                  f"mount tmpfs over {path}")
         elif os.path.isfile(path):
-            _check(LIBC.mount(b"/dev/null", path.encode(), None, MS_BIND, None),
-                   f"mask {path}")
+            _mask(LIBC.mount(b"/dev/null", path.encode(), None, MS_BIND, None), f"mask {path}")
     _read_only(b"/", "make / read-only")
     under_tmp = [p for p in restore if Path(p).is_relative_to("/tmp") and p != "/tmp"]
     held = {path: os.open(path, os.O_PATH | os.O_DIRECTORY) for path in under_tmp}

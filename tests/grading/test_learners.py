@@ -238,3 +238,19 @@ def test_a_worker_killed_from_two_threads_at_once_is_killed_once(tmp_path):
     assert errors == [] and worker.proc is None and not worker.running
     assert "stopped by the grader" in str(worker._crashed("while building"))
 
+
+
+def test_a_path_gone_before_the_worker_masks_it_is_skipped_and_any_other_failure_raises():
+    """Another grading's worker directory, listed beside a Python environment under /tmp, may be
+    deleted before this worker masks it (two graders at once): nothing is left to hide, so the
+    worker starts; any other failed mount still stops it."""
+    import ctypes
+    import errno
+
+    from autograder.boundary import confine
+    ctypes.set_errno(errno.ENOENT)
+    confine._mask(-1, "mount tmpfs over /tmp/autograder-worker-gone")
+    ctypes.set_errno(errno.EPERM)
+    with pytest.raises(PermissionError, match="mount tmpfs over /tmp/x"):
+        confine._mask(-1, "mount tmpfs over /tmp/x")
+    confine._mask(0, "a mount that worked")
