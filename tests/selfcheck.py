@@ -7,7 +7,7 @@ the teaching message the grader must show for it. A section is full code, or a s
 as ``# replace:`` / ``# with:`` edits of the solution section, applied by ``variants``; ``# expect score: N`` says it must score exactly N points on its exercise
 (where the grader must withhold every point, not only some). The k-th section of a kind ("wrong", "cheat") of every
 exercise goes into notebook ``<kind>_<k>``; exercises without a k-th section keep their stub.
-A chapter's notebooks sit in one folder that one ``python -m autograder grade FOLDER --jobs 2``
+A chapter's notebooks sit in one folder that one ``python -m autograder grade FOLDER``
 grades (the CLI picks each notebook's chapter from its metadata); each chapter is its own xdist
 group, so the chapters spread over the suite's workers.
 """
@@ -94,8 +94,13 @@ def batches(chapter: str) -> dict[str, dict[str, Section]]:
 CLI_SECONDS = 1200
 
 
+# Under xdist the chapters already run side by side, one CLI per worker: a CLI grading two
+# notebooks at once on top would put more processes than cores on a 2-core machine.
+JOBS = 1 if int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1 else 2
+
+
 def grade_chapters(chapters: list[str], workdir: Path, *, seed: int = 1234, timeout: float = 10,
-                   jobs: int = 2) -> dict[str, dict[str, Graded]]:
+                   jobs: int = JOBS) -> dict[str, dict[str, Graded]]:
     """Grade the stub ("stub") and every batch of each chapter with ONE call of the CLI.
 
     Returns chapter -> notebook name -> ``Graded``.
