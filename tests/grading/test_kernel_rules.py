@@ -1,7 +1,6 @@
 """What a Triton kernel cell may be (rules/kernel_rules.py): Triton code only, no plain Python
 helpers, required calls where they run, tile loops, the interpreter's internals out of reach."""
 import ast
-import sys
 import types
 
 import pytest

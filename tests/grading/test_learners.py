@@ -1,9 +1,9 @@
 """The learner kinds (autograder/learner.py): LocalLearner and check() in a notebook,
 SandboxLearner's limits, stubs, memory-limited workers and kills, what the worker is shown, and
 the grader-side store that answers the proxies and records every forward."""
-from pathlib import Path
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch

@@ -1,16 +1,14 @@
 """What the worker records of a call and the walls around the record (boundary/guard.py,
 audit.py, exits.py; rules/operations.py): the allowed operations, the largest allocation, the
 work counted exactly, the floors, and no cell able to switch the recorder off."""
-from pathlib import Path
 import ast
 import subprocess
 import sys
-import types
+from pathlib import Path
 
 import pytest
 import torch
 
-from autograder.rules import feedback
 from autograder.local import LocalLearner
 
 

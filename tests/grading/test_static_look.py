@@ -1,7 +1,6 @@
 """The static look at a cell's source (rules/forbid.py): forbidden names, the detours around
 them, the exits of tensor data from torch; and the run-time guard of a forbidden function
 (boundary/guard.py)."""
-import sys
 
 import pytest
 import torch

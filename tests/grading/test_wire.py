@@ -5,7 +5,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from autograder.boundary.protocol import (MAX_MESSAGE, HEADER, ProtocolError, decode, encode, read_message)
+from autograder.boundary.protocol import (MAX_MESSAGE, HEADER, ProtocolError, decode, encode,
+                                         read_message)
 from autograder.boundary.refs import CacheRef, Handle, ModelRef, from_wire, to_wire
 from autograder.boundary.store import ReferenceStore
 
