@@ -4,9 +4,9 @@ limits and the proxies' objects.
 
 Modes (``SandboxLearner.mode``), strongest available first:
 
-- ``namespaces`` (root, ``unshare`` works): new mount/pid/net/ipc/uts namespaces, the grader's
+- ``namespaces`` (root, new namespaces can be made): new mount/pid/net/ipc/uts namespaces, the grader's
   directories hidden, every mount read-only but a private ``/tmp``, an unprivileged user.
-- ``user`` (root, ``unshare`` refused, e.g. no CAP_SYS_ADMIN in Docker): an unprivileged user
+- ``user`` (root, namespaces refused, e.g. no CAP_SYS_ADMIN in Docker): an unprivileged user
   of its own; with Landlock (Linux >= 5.13) writes only in its temporary directory and no reads
   of the grader's directories; files it leaves in /tmp, /var/tmp, /dev/shm are deleted.
 - ``none``: not root, or ``isolate=False``. As root, when neither sandbox can be had, grading
@@ -15,6 +15,9 @@ Modes (``SandboxLearner.mode``), strongest available first:
 Where the exercises to grade need workers with different memory limits (``memory_mb``), the next
 one is started ahead (``start``'s plan), as a second sandbox user, while the running one serves
 its exercises, so that changing workers costs no wait for its imports.
+
+Workers are forked by a fork server that imported torch once (``autograder.boundary.forkserver``):
+a new worker, for each submission or after one was killed, costs milliseconds, not an import.
 
 Every read and write on the worker's pipes has a deadline (per-call time limit, per-exercise
 ``timeout``, and the submission's total ``budget``); a worker that times out, crashes or
@@ -37,7 +40,7 @@ from autograder.boundary.causes import NOT_IMPLEMENTED, LearnerError
 from autograder.boundary.guard import CallWork
 from autograder.boundary.isolation import (UID_SPAN, SandboxUnavailable, choose_mode,
                                            delete_leftovers)
-from autograder.boundary.process import EnvironmentProblem, WorkerProcess
+from autograder.boundary.process import EnvironmentProblem, ForkServer, WorkerProcess
 from autograder.boundary.refs import Handle, from_wire, to_wire
 from autograder.boundary.traffic import LaunchTraffic
 from autograder.learner import Learner
@@ -48,9 +51,10 @@ LIVE: set["SandboxLearner"] = set()
 
 
 def kill_all() -> None:
-    """Kill every live sandbox (on SIGTERM to the grader)."""
+    """Kill every live sandbox and the fork servers (on SIGTERM to the grader)."""
     for learner in list(LIVE):
         learner.close()
+    ForkServer.stop_all(wait=False)
 
 
 class SandboxLearner(Learner):

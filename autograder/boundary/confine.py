@@ -14,6 +14,9 @@ MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 1, 2, 4, 8, 4096, 1
 SYS_MOUNT_SETATTR, AT_FDCWD, AT_RECURSIVE, MOUNT_ATTR_RDONLY = 442, -100, 0x8000, 1
 PR_SET_KEEPCAPS, PR_CAPBSET_DROP, PR_CAP_AMBIENT = 8, 24, 47
 PR_SET_NO_NEW_PRIVS, CAP_DAC_READ_SEARCH = 38, 2
+MS_PRIVATE = 1 << 18
+CLONE_NEWNS, CLONE_NEWUTS, CLONE_NEWIPC = 0x00020000, 0x04000000, 0x08000000
+CLONE_NEWPID, CLONE_NEWNET = 0x20000000, 0x40000000
 
 
 class _CapHeader(ctypes.Structure):
@@ -49,6 +52,21 @@ def _read_only(path: bytes, what: str) -> None:
     attr = _MountAttr(MOUNT_ATTR_RDONLY, 0, 0, 0)
     _check(LIBC.syscall(SYS_MOUNT_SETATTR, AT_FDCWD, path, AT_RECURSIVE, ctypes.byref(attr),
                         ctypes.sizeof(attr)), what)
+
+
+def enter_namespaces() -> None:
+    """Move this process into new mount (every mount made private), network, IPC and UTS
+    namespaces, and its next child into a new PID namespace, as ``unshare --mount --net --ipc
+    --uts --pid`` does; that child mounts its own ``/proc`` (``mount_proc``)."""
+    _check(LIBC.unshare(CLONE_NEWNS | CLONE_NEWNET | CLONE_NEWIPC | CLONE_NEWUTS | CLONE_NEWPID),
+           "unshare")
+    _check(LIBC.mount(b"none", b"/", None, MS_REC | MS_PRIVATE, None), "make every mount private")
+
+
+def mount_proc() -> None:
+    """A ``/proc`` of this PID namespace (the first process of the namespace calls it)."""
+    _check(LIBC.mount(b"proc", b"/proc", b"proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, None),
+           "mount /proc")
 
 
 def lock_down(show: list[str], hide: list[str], restore: list[str] = ()) -> str:

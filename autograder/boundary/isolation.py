@@ -9,14 +9,13 @@ import os
 import shutil
 import signal
 import site
-import subprocess
 import sys
 import sysconfig
 import tempfile
 from pathlib import Path
 
-UNSHARE = ["unshare", "--mount", "--pid", "--fork", "--net", "--ipc", "--uts", "--kill-child",
-           "--mount-proc"]
+from autograder.boundary.confine import enter_namespaces
+
 UID_BASE = 1_200_000  # sandbox users: UID_BASE + grader pid (no account, no files)
 # A grader's second sandbox user (a worker started ahead beside the running one): uid + UID_SPAN,
 # above any pid (Linux caps pid_max at 2**22), so no other grader process has it.
@@ -35,13 +34,25 @@ class SandboxUnavailable(RuntimeError):
 
 @functools.lru_cache(maxsize=1)
 def namespaces_available() -> str | None:
-    """``None`` if the worker can be isolated with ``unshare``, else the reason why not."""
+    """``None`` if the worker can be isolated in new namespaces (a forked child enters them as
+    the fork server's do: ``confine.enter_namespaces``), else the reason why not."""
     if os.geteuid() != 0:
         return "not running as root"
-    if shutil.which("unshare") is None:
-        return "the unshare command is missing"
-    probe = subprocess.run(UNSHARE + ["true"], capture_output=True, text=True)
-    return None if probe.returncode == 0 else f"unshare failed: {probe.stderr.strip()}"
+    reason, said = os.pipe()
+    child = os.fork()
+    if child == 0:
+        try:
+            enter_namespaces()
+            os._exit(0)
+        except BaseException as exc:  # noqa: BLE001 - report any failure, then exit
+            os.write(said, str(exc).encode()[:500])
+        finally:
+            os._exit(1)
+    os.close(said)
+    _, status = os.waitpid(child, 0)
+    with os.fdopen(reason, "rb") as pipe:
+        why = pipe.read().decode(errors="replace")
+    return None if os.waitstatus_to_exitcode(status) == 0 else f"cannot make namespaces ({why})"
 
 
 def can_switch_user() -> bool:

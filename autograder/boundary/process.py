@@ -1,26 +1,30 @@
 """Grader side: one sandbox worker process, its pipes and its output log.
 
-``WorkerProcess.start`` launches ``python -s -m autograder.boundary.worker CONFIG`` confined as
-the mode asks (``autograder.boundary.isolation.choose_mode``) and waits for it to say it is
-ready (``launch`` and ``wait_ready`` apart: the worker imports torch, about a second, while the
-grader does something else); ``exchange`` sends one request and returns the final reply, answering the proxies'
+``WorkerProcess.start`` has the fork server of the workers' environment (``ForkServer``, started
+at the first worker: ``autograder.boundary.forkserver``) fork a worker confined as the mode asks
+(``autograder.boundary.isolation.choose_mode``) and waits for it to say it is ready (``launch``
+and ``wait_ready`` apart: the grader goes on meanwhile); ``exchange`` sends one request and returns the final reply, answering the proxies'
 requests that come first; every read and write ends at a deadline. ``kill`` stops the process
 group and every process of the sandbox user.
 """
 from __future__ import annotations
 
+import atexit
 import json
 import os
+import select
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Callable
 
 from autograder.boundary.causes import LearnerError
-from autograder.boundary.isolation import (UNSHARE, SandboxUnavailable, hidden_dirs, import_dirs,
+from autograder.boundary.isolation import (SandboxUnavailable, hidden_dirs, import_dirs,
                                            kill_user, outermost, readable_dirs, shown_dirs)
 from autograder.boundary.protocol import ProtocolError, read_message, write_message
 
@@ -57,7 +61,7 @@ class WorkerProcess:
                  compile_kernels: bool = False):
         self.mode, self.uid, self.workdir, self.log, self.hide = mode, uid, workdir, log, hide
         self.compile_kernels = compile_kernels   # the compile worker (compiling.serve)
-        self.proc: subprocess.Popen | None = None
+        self.proc: ForkedWorker | None = None
         self.ready = False   # said it is ready (``wait_ready``); False again once killed
         self._killing = threading.Lock()
         self.memory_mb = 0
@@ -90,7 +94,7 @@ class WorkerProcess:
                                               str(PACKAGE_ROOT / "reference")])
         show = shown_dirs(imports)
         self.memory_mb, self._imports = memory_mb, imports
-        config = {"in": worker_in, "out": worker_out, "memory_mb": memory_mb,
+        config = {"memory_mb": memory_mb,
                   "memory_limit": "data" if cuda or torch.version.cuda else "as",
                   "lockdown": self.mode == "namespaces",
                   "show": show, "hide": hide, "restore": outermost(imports),
@@ -98,17 +102,18 @@ class WorkerProcess:
                   "check_imports": [m for m in STARTUP_IMPORTS if importable(m)],
                   "tmp": str(self.workdir), "max_processes": MAX_PROCESSES, "forbid": forbid,
                   "compile": self.compile_kernels}
-        command = [sys.executable, "-s", "-m", "autograder.boundary.worker", json.dumps(config)]
-        if self.mode == "namespaces":
-            command = UNSHARE + command
+        request = {"config": config, "workdir": str(self.workdir),
+                   "namespaces": self.mode == "namespaces"}
+        env = worker_environment(imports, cuda, interpret=not self.compile_kernels)
+        status, status_out = os.pipe()
         try:
-            self.proc = subprocess.Popen(
-                command, pass_fds=(worker_in, worker_out), stdin=subprocess.DEVNULL,
-                stdout=log, stderr=log, cwd=self.workdir,
-                env=worker_environment(imports, cuda, interpret=not self.compile_kernels),
-                start_new_session=True)
+            ForkServer.of(env).fork(request, [worker_in, worker_out, log.fileno(), status_out])
+        except BaseException:
+            os.close(status), os.close(grader_out), os.close(grader_in)
+            raise
         finally:
-            os.close(worker_in), os.close(worker_out), log.close()
+            os.close(worker_in), os.close(worker_out), os.close(status_out), log.close()
+        self.proc = ForkedWorker(status)
         self._write, self._read = grader_out, grader_in
         os.set_blocking(self._write, False), os.set_blocking(self._read, False)
         self._started = time.monotonic()
@@ -171,10 +176,11 @@ class WorkerProcess:
             proc, self.proc, self.ready = self.proc, None, False
             if proc is None:
                 return
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            if proc.poll() is None and proc.pid is not None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
             if self.uid is not None:
                 kill_user(self.uid)
             proc.wait()
@@ -209,6 +215,116 @@ class WorkerProcess:
         """The learner's stdout/stderr since the last ``take_output()`` (truncated)."""
         text, self._output = "".join(self._output), []
         return text[:2 * OUTPUT_LIMIT]
+
+
+class ForkServer:
+    """The fork server of one worker environment (``autograder.boundary.forkserver``), started
+    by the first worker that needs it and kept for the life of this process (one that died is
+    replaced at the next worker). ``fork`` sends it one worker's request."""
+    _servers: dict[tuple, "ForkServer"] = {}
+    _starting = threading.Lock()
+
+    def __init__(self, env: dict[str, str]):
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        self.output = tempfile.TemporaryFile()
+        self.folder = tempfile.TemporaryDirectory(prefix="autograder-forkserver-")
+        command = [sys.executable, "-s", "-m", "autograder.boundary.forkserver",
+                   str(theirs.fileno())]
+        try:
+            self.proc = subprocess.Popen(command, pass_fds=(theirs.fileno(),),
+                                         stdin=subprocess.DEVNULL, stdout=self.output,
+                                         stderr=self.output, cwd=self.folder.name, env=env,
+                                         start_new_session=True)
+        finally:
+            theirs.close()
+        self.socket, self._sending = ours, threading.Lock()
+
+    @classmethod
+    def of(cls, env: dict[str, str]) -> "ForkServer":
+        """This process's fork server for ``env``, started if there is none or it died."""
+        key = (os.getpid(), tuple(sorted(env.items())))
+        with cls._starting:
+            server = cls._servers.get(key)
+            if server is None or server.proc.poll() is not None:
+                server = cls._servers[key] = cls(env)
+                if len(cls._servers) == 1:
+                    atexit.register(cls.stop_all)
+            return server
+
+    def fork(self, request: dict, fds: list[int]) -> None:
+        """Have a worker forked for ``request`` with ``fds`` (its pipes, log and status pipe);
+        ``RuntimeError`` with the server's output when it is gone."""
+        try:
+            with self._sending:
+                socket.send_fds(self.socket, [json.dumps(request).encode()], fds)
+        except OSError:
+            self.proc.poll()
+            self.output.seek(0)
+            text = self.output.read()[-3000:].decode(errors="replace")
+            raise RuntimeError(f"the sandbox's fork server is gone (exit status "
+                               f"{self.proc.returncode}):\n{text}") from None
+
+    @classmethod
+    def stop_all(cls, wait: bool = True) -> None:
+        """Stop every fork server of this process: each exits at the end of its socket (after
+        up to 5 s with ``wait``, else at once: killed)."""
+        with cls._starting:
+            servers, cls._servers = list(cls._servers.values()), {}
+        for server in servers:
+            server.socket.close()
+            try:
+                server.proc.wait(timeout=5 if wait else 0)
+            except subprocess.TimeoutExpired:
+                server.proc.kill()
+                server.proc.wait()
+            server.output.close(), server.folder.cleanup()
+
+
+class ForkedWorker:
+    """A worker the fork server forked, seen through its status pipe as ``subprocess.Popen``
+    would show it: ``pid`` (its leader's, a session of its own; ``None`` if it never started),
+    ``poll`` and ``wait`` (its exit status, a signal as its negative number)."""
+
+    def __init__(self, status_fd: int):
+        self._fd: int | None = status_fd
+        self._text = b""
+        self.returncode: int | None = None
+
+    def _read(self, deadline: float | None, line: bool) -> bool:
+        """Read the status pipe until its first line (``line``) or its end; False at
+        ``deadline`` (``None``: no deadline)."""
+        if self._fd is None or line and b"\n" in self._text:
+            return True
+        poller = select.poll()
+        poller.register(self._fd, select.POLLIN)
+        while self._fd is not None and not (line and b"\n" in self._text):
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not poller.poll(None if left is None else left * 1000):
+                return False
+            chunk = os.read(self._fd, 64)
+            if chunk:
+                self._text += chunk
+            else:
+                os.close(self._fd)
+                self._fd = None
+        return True
+
+    @property
+    def pid(self) -> int | None:
+        self._read(time.monotonic() + STARTUP_SECONDS, line=True)
+        first, newline, _ = self._text.partition(b"\n")
+        return int(first) if newline else None
+
+    def poll(self) -> int | None:
+        return self.wait(0) if self._read(time.monotonic(), line=False) else None
+
+    def wait(self, timeout: float | None = None) -> int:
+        if not self._read(None if timeout is None else time.monotonic() + timeout, line=False):
+            raise subprocess.TimeoutExpired("the sandbox worker", timeout)
+        _, _, status = self._text.partition(b"\n")
+        # no status: the leader was killed before the worker ended (by the grader)
+        self.returncode = int(status) if status.strip() else -signal.SIGKILL
+        return self.returncode
 
 
 def worker_environment(imports: list[str], cuda: bool, interpret: bool = True) -> dict[str, str]:

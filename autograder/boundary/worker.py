@@ -1,12 +1,12 @@
 """The sandbox worker: runs learner code (solution cells) and answers the grader's requests.
 
-Started by ``autograder.boundary.process`` as ``python -s -m autograder.boundary.worker CONFIG``.
-Trusted bootstrap (``confine``), in this order: import torch and the worker's own modules (never
-``reference``); with ``lockdown`` (root, inside ``unshare``'s new namespaces) show only
-``show`` (the directories Python imports from and the system's: everything else, other
-checkouts and home directories included, masked by empty read-only mounts), mask ``hide`` too,
-make every mount read-only, mount a private ``/tmp`` and bind the Python environment's directories that were under /tmp
-back, read-only; with ``uid`` drop to that unprivileged user and group (all
+Forked by the fork server (``autograder.boundary.forkserver``), which imported torch and the
+worker's own modules (never ``reference``) once for all workers; ``run`` is the trusted
+bootstrap (``confine``), in this order: with ``lockdown`` (root, in the new namespaces the
+fork server made) show only ``show`` (the directories Python imports from and the system's:
+everything else, other checkouts and home directories included, masked by empty read-only
+mounts), mask ``hide`` too, make every mount read-only, mount a private ``/tmp`` and bind the
+Python environment's directories that were under /tmp back, read-only; with ``uid`` drop to that unprivileged user and group (all
 capabilities go) and set no_new_privs; with Landlock, allow writes only in the private
 temporary directory (and, without namespaces, reads only beneath ``show``); fork (the
 parent only relays the exit status, so that killing "the parent" cannot reach the grader); set
@@ -29,7 +29,6 @@ from __future__ import annotations
 import ctypes
 import importlib
 import importlib.util
-import json
 import linecache
 import math
 import os
@@ -271,8 +270,9 @@ def hide_worker_module() -> None:
     sys.modules["__main__"] = type(sys)("__main__")
 
 
-def main(argv: list[str]) -> None:
-    config = json.loads(argv[0])
+def run(config: dict) -> None:
+    """Confine this process as ``config`` says, then answer the grader's requests until it
+    closes the pipe (``os._exit``: never returns)."""
     decode(encode({"ready": True})[8:])   # the protocol's own lazy imports, before confinement
     tmp, isolation = config["tmp"], []
     if config["lockdown"]:
@@ -324,6 +324,3 @@ def main(argv: list[str]) -> None:
             write_message(worker.out_fd, {"op": "done", "ok": False, "error":
                                           f"your result could not be sent back ({describe(exc)})"})
 
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

@@ -15,8 +15,8 @@ from import_graphs import modules_on_cycles
 
 ROOT = Path(autograder.__file__).resolve().parent
 # The worker side of autograder/boundary/ and the wire both sides share (boundary/__init__.py).
-WORKER_SIDE = {"worker", "confine", "guard", "proxies", "launching", "traffic", "audit", "exits",
-               "causes", "compiling", "protocol", "refs"}
+WORKER_SIDE = {"forkserver", "worker", "confine", "guard", "proxies", "launching", "traffic",
+               "audit", "exits", "causes", "compiling", "protocol", "refs"}
 THIRD_PARTY = {"torch", "numpy", "triton"}   # what the worker side may import besides stdlib
 FRONT_ENDS = {"cli", "grading", "report", "local", "notebook", "source_notebook",
               "gradescope_zip", "bench", "learner", "sandbox"}
@@ -88,7 +88,7 @@ def test_a_planted_grader_import_on_the_worker_side_is_found(tmp_path, planted):
 def test_the_worker_loads_only_worker_side_modules():
     """What importing the worker really loads (the static look above could miss a relative or
     dynamic import)."""
-    probe = ("import sys, autograder.boundary.worker as w\n"
+    probe = ("import sys, autograder.boundary.forkserver as w\n"
              "print(' '.join(m for m in sys.modules if m.split('.')[0] in "
              "('autograder', 'reference', 'pytest')))")
     run = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
