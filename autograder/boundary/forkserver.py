@@ -5,8 +5,9 @@ Worker side: it runs no learner code and holds nothing of the grader's (no refer
 submission, no result): it sees only each worker's configuration and pipes, and keeps neither.
 
 Started by ``autograder.boundary.process.ForkServer`` as ``python -s -m
-autograder.boundary.forkserver FD`` in the workers' environment; FD is its end of a Unix socket
-pair. A request is one message: JSON (``config``, as ``worker.run`` takes it; ``workdir``;
+autograder.boundary.forkserver FD MODULE...`` in the workers' environment; FD is its end of a
+Unix socket pair, the modules are those learner code may import (imported here too, where they
+can be: each worker checks they are still readable once confined). A request is one message: JSON (``config``, as ``worker.run`` takes it; ``workdir``;
 ``namespaces``) with four file descriptors: the worker's request and reply pipes, its output log
 and a status pipe. It forks, for each request:
 
@@ -23,6 +24,7 @@ The server ends when the grader closes its end of the socket. It never reads fro
 from __future__ import annotations
 
 import ctypes
+import importlib
 import json
 import os
 import random
@@ -104,6 +106,11 @@ def main(argv: list[str]) -> None:
     sock = socket.socket(fileno=int(argv[0]))
     if os.getcwd() in sys.path:   # ``-m`` put the server's working directory there
         sys.path.remove(os.getcwd())
+    for name in argv[1:]:
+        try:
+            importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - each worker's check_imports says why
+            pass
     serve(sock)
 
 

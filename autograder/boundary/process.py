@@ -33,8 +33,9 @@ ENV_KEPT = ("PATH", "LANG", "LC_ALL", "LC_CTYPE", "TZ", "CUDA_VISIBLE_DEVICES")
 OUTPUT_LIMIT = 4000
 STARTUP_SECONDS = 120
 MAX_PROCESSES = 128
-# Imported by the worker once confined, before any learner code (those the grader can import):
-# the standard library, torch and its lazily loaded parts, numpy, triton.
+# What learner code may import, imported by the fork server and checked by each worker once
+# confined, before any learner code (those the grader can import): the standard library, torch
+# and its lazily loaded parts, numpy, triton.
 STARTUP_IMPORTS = ("math", "sysconfig", "json", "numpy", "torch", "torch.nn.functional",
                    "torch.utils.serialization", "torch.utils.data", "triton", "triton.language")
 
@@ -229,7 +230,7 @@ class ForkServer:
         self.output = tempfile.TemporaryFile()
         self.folder = tempfile.TemporaryDirectory(prefix="autograder-forkserver-")
         command = [sys.executable, "-s", "-m", "autograder.boundary.forkserver",
-                   str(theirs.fileno())]
+                   str(theirs.fileno()), *(m for m in STARTUP_IMPORTS if importable(m))]
         try:
             self.proc = subprocess.Popen(command, pass_fds=(theirs.fileno(),),
                                          stdin=subprocess.DEVNULL, stdout=self.output,

@@ -62,12 +62,18 @@ ENVIRONMENT_BROKEN = 3  # exit status: the environment cannot run learner code i
 
 def check_imports(modules: list[str]) -> str | None:
     """Import ``modules`` (what a learner cell may import: the standard library, torch's lazily
-    loaded parts, numpy, triton), once confined. ``None`` when all import, else why not: a
-    directory of the Python environment the sandbox does not show (or lets the unprivileged
-    user read) would otherwise fail inside learner code and score zeros."""
+    loaded parts, numpy, triton), once confined; those the fork server imported already must
+    still be readable here (their file and its folder: what their lazy imports read). ``None``
+    when all are, else why not: a directory of the Python environment the sandbox does not show
+    (or lets the unprivileged user read) would otherwise fail inside learner code and score
+    zeros."""
     for name in modules:
         try:
-            importlib.import_module(name)
+            module = sys.modules.get(name) or importlib.import_module(name)
+            where = getattr(module, "__file__", None)
+            if where:
+                with open(where, "rb"):
+                    os.listdir(os.path.dirname(where))
         except BaseException as exc:  # noqa: BLE001 - an import may fail in any way
             return f"cannot import {name} ({type(exc).__name__}: {exc})"
     return None
