@@ -7,9 +7,18 @@ run; ``tests/kernel_support.py`` does the same when a kernel test file runs on i
 """
 import os
 
-import pytest
-import torch
+# Under xdist the workers share the cores: each takes its share of threads, and so does every
+# process a test starts (command lines, Jupyter kernels, the sandbox's workers). Threads beyond
+# the cores only wait for each other (a third more CPU time on 2 cores, measured).
+WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if WORKERS > 1:
+    os.environ["OMP_NUM_THREADS"] = str(max(1, len(os.sched_getaffinity(0)) // WORKERS))
 
+import pytest  # noqa: E402 - after the thread count, which torch reads when imported
+import torch  # noqa: E402
+
+if WORKERS > 1:
+    torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 

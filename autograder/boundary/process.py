@@ -331,14 +331,16 @@ class ForkedWorker:
 def worker_environment(imports: list[str], cuda: bool, interpret: bool = True) -> dict[str, str]:
     """The worker's environment: a few variables of the grader's, and the grader's own
     ``sys.path`` (user site, ``.pth`` and editable paths) among ``imports`` although the worker
-    runs with ``-s``: it imports from where the grader does. ``TRITON_INTERPRET=1`` without CUDA,
-    unless ``interpret`` is False (the compile worker)."""
+    runs with ``-s``: it imports from where the grader does. Its threads: the grader's
+    ``OMP_NUM_THREADS`` where set (several gradings side by side), else up to 4.
+    ``TRITON_INTERPRET=1`` without CUDA, unless ``interpret`` is False (the compile worker)."""
     env = {k: os.environ[k] for k in ENV_KEPT if k in os.environ}
     on_path = [str(Path(p).resolve()) for p in sys.path if p and os.path.isabs(p)]
     python_path = [str(PACKAGE_ROOT), *filter(None, [os.environ.get("PYTHONPATH")]),
                    *(p for p in on_path if p in imports)]
     env.update(PYTHONPATH=os.pathsep.join(python_path), AUTOGRADER_ROOT=str(PACKAGE_ROOT),
-               PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=str(min(4, os.cpu_count() or 1)))
+               PYTHONDONTWRITEBYTECODE="1", OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS")
+               or str(min(4, os.cpu_count() or 1)))
     if interpret and not cuda:
         env["TRITON_INTERPRET"] = "1"
     return env
