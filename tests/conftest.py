@@ -41,6 +41,7 @@ def threads(request):
     torch.set_num_threads(before)
 
 
+@pytest.hookimpl(tryfirst=True)   # before xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """The suite runs over xdist workers (``--dist loadgroup``, pyproject.toml): a test that uses
     a module-scoped fixture (a model loaded, a course directory built, a zip graded) joins its
