@@ -212,6 +212,37 @@ def test_the_next_memory_limit_s_worker_is_started_ahead_as_another_user():
         learner.close()
 
 
+def test_a_forked_worker_holds_only_its_pipes_and_a_dead_fork_server_is_replaced():
+    """Workers are forked by a fork server (autograder/boundary/forkserver.py) that runs as the
+    grader's user and sees the whole machine: a worker holds none of its files (through its
+    socket, learner code could have workers forked as it likes) and nothing of its working
+    directory is on the worker's sys.path. A fork server that died is replaced at the next
+    worker."""
+    from autograder.boundary.process import ForkServer
+    from autograder.sandbox import SandboxLearner
+    cells = [("look", "import os, sys\n"
+                      "def look():\n"
+                      "    kinds = []\n"
+                      "    for name in os.listdir('/proc/self/fd'):\n"
+                      "        try:\n"
+                      "            kinds.append(os.readlink('/proc/self/fd/' + name).split(':')[0])\n"
+                      "        except OSError:\n"
+                      "            pass   # the listing's own descriptor, closed by now\n"
+                      "    return sorted(kinds), list(sys.path)\n")]
+    for attempt in range(2):
+        learner = SandboxLearner(cells, timeout=30)
+        try:
+            learner.start()
+            kinds, path = learner.call("look")
+        finally:
+            learner.close()
+        assert "socket" not in kinds and kinds.count("pipe") == 2 and len(kinds) == 5, kinds
+        assert not any("autograder-forkserver" in p for p in path), path
+        for server in ForkServer._servers.values():   # the next attempt finds it dead
+            server.proc.kill()
+            server.proc.wait()
+
+
 def test_a_worker_killed_from_two_threads_at_once_is_killed_once(tmp_path):
     """Closing a sandbox kills the compile worker while a build may be killing it too (a build
     thread runs beside the tests): every call returns, none fails, and a build whose pipe was
