@@ -41,12 +41,6 @@ def threads(request):
     torch.set_num_threads(before)
 
 
-def pytest_xdist_auto_num_workers(config):
-    """``-n auto``: one worker more than the cores (capped by ``--maxprocesses``), so that a
-    test waiting on a time limit or a process starting leaves no core idle."""
-    return len(os.sched_getaffinity(0)) + 1
-
-
 @pytest.hookimpl(tryfirst=True)   # before xdist's own, which reads the groups into the test ids
 def pytest_collection_modifyitems(config, items):
     """The suite runs over xdist workers (``--dist loadgroup``, pyproject.toml): a test that uses
