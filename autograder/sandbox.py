@@ -127,8 +127,10 @@ class SandboxLearner(Learner):
         only work is a memory-limited exercise starts one worker, not two. Never raises:
         ``start`` reports."""
         limits = self._plan(exercises)
+        if not limits:
+            return   # every exercise at its stub: no learner code will run
         try:
-            self.worker.launch(limits[0] if limits else self.memory_limit_mb, self._forbidden())
+            self.worker.launch(limits[0], self._forbidden())
         except Exception:  # noqa: BLE001 - start() tries again and says why
             self.worker.kill()
 
@@ -137,8 +139,11 @@ class SandboxLearner(Learner):
         start in this environment (not the learner's doing, no learner code has run) raises
         ``SandboxUnavailable`` and grading is refused. ``exercises``: those to be graded, in
         order (the plan); where their memory limits differ, the next limit's worker is started
-        ahead, unless every exercise needing it is still at its stub."""
+        ahead, unless every exercise needing it is still at its stub. A plan left empty (every
+        exercise at its stub) starts none: no learner code will run."""
         self._limits = self._plan(exercises)
+        if not self._limits:
+            return   # every exercise at its stub (or refused by its cell's look): no worker
         try:
             self._ensure_worker()
         except LearnerError:
