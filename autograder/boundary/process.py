@@ -68,6 +68,7 @@ class WorkerProcess:
         self.memory_mb = 0
         self.isolation: list[str] = []
         self._output: list[str] = []
+        self._server: ForkServer | None = None
 
     @property
     def running(self) -> bool:
@@ -108,7 +109,8 @@ class WorkerProcess:
         env = worker_environment(imports, cuda, interpret=not self.compile_kernels)
         status, status_out = os.pipe()
         try:
-            ForkServer.of(env).fork(request, [worker_in, worker_out, log.fileno(), status_out])
+            self._server = ForkServer.of(env)
+            self._server.fork(request, [worker_in, worker_out, log.fileno(), status_out])
         except BaseException:
             os.close(status), os.close(grader_out), os.close(grader_in)
             raise
@@ -129,7 +131,8 @@ class WorkerProcess:
         try:
             ready = self.exchange(None, self._started + STARTUP_SECONDS, "while starting")
         except (LearnerError, TimeoutError) as exc:
-            log_text = self.log.read_text(errors="replace")[-3000:]
+            log_text = self.log.read_text(errors="replace")[-3000:] + (
+                self._server.failure() if self._server else "")
             raise RuntimeError(f"the sandbox worker failed to start ({exc}):\n{log_text}") from None
         if ready.get("environment"):
             self.kill()
@@ -259,11 +262,15 @@ class ForkServer:
             with self._sending:
                 socket.send_fds(self.socket, [json.dumps(request).encode()], fds)
         except OSError:
-            self.proc.poll()
-            self.output.seek(0)
-            text = self.output.read()[-3000:].decode(errors="replace")
-            raise RuntimeError(f"the sandbox's fork server is gone (exit status "
-                               f"{self.proc.returncode}):\n{text}") from None
+            raise RuntimeError(f"the sandbox's fork server is gone{self.failure()}") from None
+
+    def failure(self) -> str:
+        """What the server printed, if it has exited ("" while it runs)."""
+        if self.proc.poll() is None:
+            return ""
+        self.output.seek(0)
+        text = self.output.read()[-3000:].decode(errors="replace")
+        return f"\n(the sandbox's fork server exited with code {self.proc.returncode}):\n{text}"
 
     @classmethod
     def stop_all(cls, wait: bool = True) -> None:

@@ -243,6 +243,24 @@ def test_a_forked_worker_holds_only_its_pipes_and_a_dead_fork_server_is_replaced
             server.proc.wait()
 
 
+def test_a_fork_server_that_cannot_start_is_reported_with_what_it_printed(monkeypatch, tmp_path):
+    """An environment in which the fork server cannot import the worker (here a planted
+    ``autograder`` package first on its path): grading is refused with what the server printed."""
+    from autograder.boundary import process
+    from autograder.boundary.process import EnvironmentProblem
+    from autograder.sandbox import SandboxLearner
+    (tmp_path / "autograder").mkdir()
+    (tmp_path / "autograder" / "__init__.py").write_text("raise ImportError('planted')\n")
+    broken = dict(process.worker_environment([], cuda=False), PYTHONPATH=str(tmp_path))
+    monkeypatch.setattr(process, "worker_environment", lambda *args, **kwargs: broken)
+    learner = SandboxLearner([("look", "def look():\n    return 1\n")], timeout=30)
+    try:
+        with pytest.raises(EnvironmentProblem, match="(?s)fork server exited.*planted"):
+            learner.call("look")
+    finally:
+        learner.close()
+
+
 def test_a_worker_killed_from_two_threads_at_once_is_killed_once(tmp_path):
     """Closing a sandbox kills the compile worker while a build may be killing it too (a build
     thread runs beside the tests): every call returns, none fails, and a build whose pipe was
