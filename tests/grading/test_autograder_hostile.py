@@ -321,7 +321,7 @@ def chapter_batch(tmp_path_factory):
     for chapter, cells in CHAPTER_ATTACKS.items():
         nb = inject(ROOT / "exercises" / f"{chapter}.ipynb", cells)
         (folder / f"{chapter}.ipynb").write_text(json.dumps(nb))
-    run = grade(folder, out, "--jobs", "2")
+    run = grade(folder, out)
     return run, {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 
 

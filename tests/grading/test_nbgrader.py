@@ -132,7 +132,7 @@ def both_scores(course, tmp_path_factory) -> dict[str, tuple[tuple, tuple]]:
     paths = {student: submitted / student / AUTOGRADED / f"{chapter}.ipynb"
              for student in ("stub", "solution")}
     run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submitted), "--json",
-                          str(out), "--jobs", "2", "--seed", "3", "--quiet"], cwd=ROOT,
+                          str(out), "--seed", "3", "--quiet"], cwd=ROOT,
                          env=kernel_env(), capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
     scores = {}
