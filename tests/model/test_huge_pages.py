@@ -37,7 +37,10 @@ def test_big_parameters_move_with_their_values_and_layout_and_small_ones_stay():
     assert moved == 3 << 20
     assert isinstance(module.big, nn.Parameter) and module.big.stride() == strides == (1, 1024)
     assert torch.equal(module.big, big) and huge_pages.on_huge_pages(module.big)
-    assert module.small.data_ptr() == small and not huge_pages.on_huge_pages(module.small)
+    # the small one stays where torch put it (whether that memory lies in a mapping advised for
+    # huge pages is the allocator's history in this process, not this function's doing: a
+    # worker of the suite that loaded the model before had such a mapping reused)
+    assert module.small.data_ptr() == small
     module.big.data.mul_(2)          # still ordinary, writable memory
     assert torch.equal(module.big, 2 * big)
 
