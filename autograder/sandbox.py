@@ -4,8 +4,8 @@ limits and the proxies' objects.
 
 Modes (``SandboxLearner.mode``), strongest available first:
 
-- ``namespaces`` (root, new namespaces can be made): new mount/pid/net/ipc/uts namespaces, the grader's
-  directories hidden, every mount read-only but a private ``/tmp``, an unprivileged user.
+- ``namespaces`` (root, new namespaces can be made): new mount/pid/net/ipc/uts namespaces, the
+  grader's directories hidden, every mount read-only but a private ``/tmp``, an unprivileged user.
 - ``user`` (root, namespaces refused, e.g. no CAP_SYS_ADMIN in Docker): an unprivileged user
   of its own; with Landlock (Linux >= 5.13) writes only in its temporary directory and no reads
   of the grader's directories; files it leaves in /tmp, /var/tmp, /dev/shm are deleted.

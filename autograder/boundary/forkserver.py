@@ -7,9 +7,10 @@ submission, no result): it sees only each worker's configuration and pipes, and 
 Started by ``autograder.boundary.process.ForkServer`` as ``python -s -m
 autograder.boundary.forkserver FD MODULE...`` in the workers' environment; FD is its end of a
 Unix socket pair, the modules are those learner code may import (imported here too, where they
-can be: each worker checks they are still readable once confined). A request is one message: JSON (``config``, as ``worker.run`` takes it; ``workdir``;
-``namespaces``) with four file descriptors: the worker's request and reply pipes, its output log
-and a status pipe. It forks, for each request:
+can be: each worker checks they are still readable once confined). A request is one message:
+JSON (``config``, as ``worker.run`` takes it; ``workdir``; ``namespaces``) with four file
+descriptors: the worker's request and reply pipes, its output log and a status pipe. It forks,
+for each request:
 
 - the worker's **leader**: a session of its own (``os.killpg`` of its pid reaches the worker);
   with ``namespaces``, new mount (all private), network, IPC, UTS and PID namespaces, as
@@ -23,7 +24,6 @@ The server ends when the grader closes its end of the socket. It never reads fro
 """
 from __future__ import annotations
 
-import ctypes
 import importlib
 import json
 import os
@@ -35,8 +35,6 @@ import sys
 from autograder.boundary import worker
 from autograder.boundary.confine import enter_namespaces, mount_proc
 
-LIBC = ctypes.CDLL(None, use_errno=True)
-PR_SET_PDEATHSIG = 1
 REQUEST_BYTES = 1 << 20
 FDS = 4   # the worker's request pipe, reply pipe, output log, status pipe
 
@@ -57,7 +55,8 @@ def lead(request: dict, fds: list[int]) -> None:
         enter_namespaces()
     child = os.fork()
     if child == 0:
-        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)   # killpg reaches it meanwhile
+        # dies with the leader (before this line, killpg of the leader's group reaches it)
+        worker.LIBC.prctl(worker.PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if request["namespaces"]:
             mount_proc()
         kept = sorted({0, 1, 2, worker_in, worker_out})

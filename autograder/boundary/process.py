@@ -3,13 +3,14 @@
 ``WorkerProcess.start`` has the fork server of the workers' environment (``ForkServer``, started
 at the first worker: ``autograder.boundary.forkserver``) fork a worker confined as the mode asks
 (``autograder.boundary.isolation.choose_mode``) and waits for it to say it is ready (``launch``
-and ``wait_ready`` apart: the grader goes on meanwhile); ``exchange`` sends one request and returns the final reply, answering the proxies'
-requests that come first; every read and write ends at a deadline. ``kill`` stops the process
-group and every process of the sandbox user.
+and ``wait_ready`` apart: the grader goes on meanwhile); ``exchange`` sends one request and
+returns the final reply, answering the proxies' requests that come first; every read and write
+ends at a deadline. ``kill`` stops the process group and every process of the sandbox user.
 """
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import os
 import select
@@ -42,6 +43,12 @@ STARTUP_IMPORTS = ("math", "sysconfig", "json", "numpy", "torch", "torch.nn.func
 
 class EnvironmentProblem(SandboxUnavailable):
     """The sandbox worker cannot import what learner code needs (grading refused)."""
+
+
+@functools.lru_cache(maxsize=1)
+def learner_imports() -> list[str]:
+    """The ``STARTUP_IMPORTS`` this (the grader's) interpreter can import."""
+    return [m for m in STARTUP_IMPORTS if importable(m)]
 
 
 def importable(name: str) -> bool:
@@ -101,7 +108,7 @@ class WorkerProcess:
                   "lockdown": self.mode == "namespaces",
                   "show": show, "hide": hide, "restore": outermost(imports),
                   "uid": self.uid, "keep_read": not readable_dirs(imports),
-                  "check_imports": [m for m in STARTUP_IMPORTS if importable(m)],
+                  "check_imports": learner_imports(),
                   "tmp": str(self.workdir), "max_processes": MAX_PROCESSES, "forbid": forbid,
                   "compile": self.compile_kernels}
         request = {"config": config, "workdir": str(self.workdir),
@@ -233,7 +240,7 @@ class ForkServer:
         self.output = tempfile.TemporaryFile()
         self.folder = tempfile.TemporaryDirectory(prefix="autograder-forkserver-")
         command = [sys.executable, "-s", "-m", "autograder.boundary.forkserver",
-                   str(theirs.fileno()), *(m for m in STARTUP_IMPORTS if importable(m))]
+                   str(theirs.fileno()), *learner_imports()]
         try:
             self.proc = subprocess.Popen(command, pass_fds=(theirs.fileno(),),
                                          stdin=subprocess.DEVNULL, stdout=self.output,
