@@ -7,22 +7,23 @@ the teaching message the grader must show for it. A section is full code, or a s
 as ``# replace:`` / ``# with:`` edits of the solution section, applied by ``variants``; ``# expect score: N`` says it must score exactly N points on its exercise
 (where the grader must withhold every point, not only some). The k-th section of a kind ("wrong", "cheat") of every
 exercise goes into notebook ``<kind>_<k>``; exercises without a k-th section keep their stub.
-A chapter's notebooks sit in one folder that one ``python -m autograder grade FOLDER``
-grades (the CLI picks each notebook's chapter from its metadata); each chapter is its own xdist
-group, so the chapters spread over the suite's workers.
+A chapter's notebooks sit in one folder that one ``autograder grade FOLDER`` grades (the CLI's
+``main``, run in the test's process: the grading work is the subject, and the suite's worker
+keeps one fork server for all chapters; the CLI picks each notebook's chapter from its
+metadata); each chapter is its own xdist group, so the chapters spread over the suite's workers.
 """
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from autograder import cli
 from autograder.notebook import inject, read_notebook
 from autograder.solutions import EditError, Section, load_solutions, split_sections
+from cli_runs import in_process
 
 ROOT = Path(__file__).resolve().parents[1]
 SUBMISSIONS = Path(__file__).resolve().parent / "submissions"
@@ -88,9 +89,9 @@ def batches(chapter: str) -> dict[str, dict[str, Section]]:
     return out
 
 
-# Hang guard of the CLI run that grades a chapter's submissions (up to about two minutes on 2
-# quiet cores), not a budget: a slower or busier machine must not fail the self-checks.
-# test_selfcheck.py gives its tests this much more than pytest's per-test timeout.
+# Hang guard of the CLI run that grades a chapter's submissions (up to about a minute on 2 quiet
+# cores), not a budget: a slower or busier machine must not fail the self-checks.
+# test_selfcheck.py gives its tests this much as pytest's per-test timeout.
 CLI_SECONDS = 1200
 
 
@@ -116,11 +117,9 @@ def grade_chapters(chapters: list[str], workdir: Path, *, seed: int = 1234, time
             nb = inject(notebook, {gid: sec.source for gid, sec in sections.items()})
             (folder / f"{chapter}__{name}.ipynb").write_text(json.dumps(nb))
             graded[chapter][name] = Graded(name, sections)
-    command = [sys.executable, "-m", "autograder", "grade", str(folder), "--json", str(out),
-               "--timeout", str(timeout), "--seed", str(seed), "--jobs", str(jobs), "--quiet"]
     start = time.monotonic()
-    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=CLI_SECONDS,
-                         env=dict(os.environ, PYTHONPATH=str(ROOT)))
+    run = in_process(cli.main, "grade", str(folder), "--json", str(out), "--timeout", str(timeout),
+                     "--seed", str(seed), "--jobs", str(jobs), "--quiet")
     seconds = time.monotonic() - start
     assert run.returncode == 0, f"autograder CLI failed ({run.returncode}):\n{run.stderr[-3000:]}"
     for chapter, results in graded.items():

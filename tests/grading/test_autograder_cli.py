@@ -4,24 +4,31 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from autograder import cli
 from autograder.notebook import read_notebook, solution_cells
 from autograder.solutions import load_solutions
 from autograder.source_notebook import BEGIN, END, release, source_notebook
+from cli_runs import in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def autograder(*args: str) -> subprocess.CompletedProcess:
+    """The real process: ``python -m autograder ARGS``."""
     return subprocess.run([sys.executable, "-m", "autograder", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, PYTHONPATH=str(ROOT)))
+
+
+def autograder_main(*args: str) -> subprocess.CompletedProcess:
+    """The same command through ``cli.main`` in this process (see tests/cli_runs.py)."""
+    return in_process(cli.main, *args)
 
 
 def test_chapter_option_wins_over_the_file_name_and_json_dir_gets_name_json(tmp_path):
@@ -31,8 +38,8 @@ def test_chapter_option_wins_over_the_file_name_and_json_dir_gets_name_json(tmp_
     path.parent.mkdir()
     path.write_text(json.dumps(nb))
     (tmp_path / "existing").mkdir()
-    by_name = autograder("grade", str(path), "--json", str(tmp_path / "existing"), "--seed", "5")
-    by_option = autograder("grade", str(path), "--chapter", "ch01", "--json",
+    by_name = autograder_main("grade", str(path), "--json", str(tmp_path / "existing"), "--seed", "5")
+    by_option = autograder_main("grade", str(path), "--chapter", "ch01", "--json",
                            str(tmp_path / "new_dir"), "--seed", "5")
     assert by_name.returncode == by_option.returncode == 0, by_name.stderr + by_option.stderr
     named = json.loads((tmp_path / "existing" / "ch02_kv_cache.json").read_text())
@@ -43,7 +50,7 @@ def test_chapter_option_wins_over_the_file_name_and_json_dir_gets_name_json(tmp_
 
 
 def test_source_notebook_puts_the_solutions_between_the_markers(tmp_path):
-    run = autograder("source-notebook", "ch02", "-o", str(tmp_path))
+    run = autograder_main("source-notebook", "ch02", "-o", str(tmp_path))
     assert run.returncode == 0, run.stderr
     written = dict(solution_cells(read_notebook(tmp_path / "ch02_kv_cache.ipynb")))
     stubs = dict(solution_cells(read_notebook(ROOT / "exercises" / "ch02_kv_cache.ipynb")))
@@ -66,23 +73,15 @@ def test_unknown_chapter_through_the_real_entry_point_is_one_line_and_exit_2():
 @pytest.mark.parametrize("command", [["source-notebook", "ch99", "-o", "x"],
                                      ["gradescope", "ch99", "-o", "x"],
                                      ["grade", "exercises", "--chapter", "ch99"]])
-def test_unknown_chapter_is_one_line_and_exit_2(command, capsys, tmp_path, monkeypatch):
-    from autograder.cli import main
+def test_unknown_chapter_is_one_line_and_exit_2(command, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)   # "x" would be written here, were the chapter known
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:   # main installs the CLI's own handlers (kill the sandboxes, exit): pytest's come back
-        code = main(command)
-    finally:
-        for sig, handler in handlers.items():
-            signal.signal(sig, handler)
-    err = capsys.readouterr().err
-    assert code == 2 and "unknown chapter 'ch99'" in err, err
-    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    run = autograder_main(*command)
+    assert run.returncode == 2 and "unknown chapter 'ch99'" in run.stderr, run.stderr
+    assert "Traceback" not in run.stderr and len(run.stderr.strip().splitlines()) == 1
 
 
 def test_cli_help_lists_the_options():
-    out = subprocess.run([sys.executable, "-m", "autograder", "grade", "--help"], cwd=ROOT,
-                         capture_output=True, text=True).stdout
+    out = autograder_main("grade", "--help").stdout
     for option in ("--json", "--csv", "--jobs", "--timeout", "--memory-mb", "--seed", "--tests"):
         assert option in out
 

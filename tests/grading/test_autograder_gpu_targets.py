@@ -177,17 +177,18 @@ for path, report in {planted!r}.items():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="needs root: a sandbox user that is not the grader's")
-def test_a_report_planted_in_the_cache_by_the_learners_process_is_never_read(tmp_path):
+def test_a_report_planted_in_the_cache_by_the_learners_process_is_never_read(tmp_path, monkeypatch):
     """The `break` kernel of the self-checks builds for no GPU. Another cell of the notebook writes
     reports saying it fits into the grader's cache, under the keys its builds will have (a learner
     can compute them), before any test runs: the test still scores 0 and the cache holds the truth."""
     import json
-    import subprocess
 
     import selfcheck
+    from autograder import cli
     from autograder.boundary.builds import cache_key
     from autograder.boundary.compiling import TARGETS
     from autograder.notebook import inject
+    from cli_runs import in_process
     chapter = "ch05_flash_attention"
     broken = next(s.source for s in selfcheck.variants(chapter)["wrong"][FLASH] if "`break`" in s.label)
     source, _ = build_source(broken, FLASH)
@@ -200,9 +201,9 @@ def test_a_report_planted_in_the_cache_by_the_learners_process_is_never_read(tmp
     notebook = inject(selfcheck.ROOT / "exercises" / f"{chapter}.ipynb",
                       {FLASH: broken, "flash_hbm_bytes": PLANT.format(planted=planted) + hbm})
     (tmp_path / "planted.ipynb").write_text(json.dumps(notebook))
-    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(tmp_path / "planted.ipynb"), "--json",
-                          str(tmp_path / "out.json"), "--seed", "3"], cwd=selfcheck.ROOT, capture_output=True, text=True,
-                         env=dict(os.environ, AUTOGRADER_BUILD_CACHE=str(cache)))
+    monkeypatch.setenv("AUTOGRADER_BUILD_CACHE", str(cache))
+    run = in_process(cli.main, "grade", str(tmp_path / "planted.ipynb"), "--json", str(tmp_path / "out.json"),
+                     "--seed", "3")
     assert run.returncode == 0, run.stderr[-3000:]
     tests = json.loads((tmp_path / "out.json").read_text())["tests"]
     built = next(t for t in tests if t["name"].endswith("test_flash_kernel_compiles_for_a_real_gpu"))

@@ -14,7 +14,9 @@ import numpy
 import pytest
 import torch
 
+from autograder import cli
 from autograder.solutions import split_sections
+from cli_runs import in_process
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests/fixtures"
@@ -52,9 +54,8 @@ def graded(tmp_path_factory):
         (folder / f"{kind}.ipynb").write_text(notebook(section.source))
     for kind, other in TAMPERING.items():
         (folder / f"{kind}.ipynb").write_text(notebook(SECTIONS["solution"].source, other))
-    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(folder), "--tests",
-                          str(GRADER), "--json", str(out), "--seed", "3"],
-                         cwd=ROOT, capture_output=True, text=True, timeout=600)
+    run = in_process(cli.main, "grade", str(folder), "--tests", str(GRADER), "--json", str(out),
+                     "--seed", "3")
     assert run.returncode == 0, run.stderr[-3000:]
     return {p.stem: json.loads(p.read_text()) for p in out.glob("*.json")}
 

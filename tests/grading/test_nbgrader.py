@@ -22,10 +22,12 @@ import pytest
 from nbgrader.api import Gradebook
 from nbgrader.validator import Validator
 
+from autograder import cli
 from autograder.cli import json_name
 from autograder.notebook import inject, read_notebook, solution_cells
 from autograder.solutions import load_solutions
 from autograder.source_notebook import release
+from cli_runs import in_process
 
 pytestmark = pytest.mark.slow   # runs whole notebooks in Jupyter kernels
 
@@ -62,9 +64,7 @@ def course(tmp_path_factory) -> Path:
     course = tmp_path_factory.mktemp("course")
     (course / "nbgrader_config.py").write_text(CONFIG.format(root=str(course)))
     for short, chapter in CHAPTERS.items():
-        run = subprocess.run([sys.executable, "-m", "autograder", "source-notebook", short, "-o",
-                              str(course / "source" / short)], cwd=ROOT, env=kernel_env(),
-                             capture_output=True, text=True, timeout=120)
+        run = in_process(cli.main, "source-notebook", short, "-o", str(course / "source" / short))
         assert run.returncode == 0, run.stderr
         nbgrader(course, "generate_assignment", short)
         released = course / "release" / short / f"{chapter}.ipynb"
@@ -131,9 +131,7 @@ def both_scores(course, tmp_path_factory) -> dict[str, tuple[tuple, tuple]]:
     chapter = CHAPTERS[AUTOGRADED]
     paths = {student: submitted / student / AUTOGRADED / f"{chapter}.ipynb"
              for student in ("stub", "solution")}
-    run = subprocess.run([sys.executable, "-m", "autograder", "grade", str(submitted), "--json",
-                          str(out), "--seed", "3", "--quiet"], cwd=ROOT,
-                         env=kernel_env(), capture_output=True, text=True, timeout=300)
+    run = in_process(cli.main, "grade", str(submitted), "--json", str(out), "--seed", "3", "--quiet")
     assert run.returncode == 0, run.stderr[-3000:]
     scores = {}
     with Gradebook(f"sqlite:///{course / 'gradebook.db'}") as gradebook:
