@@ -32,6 +32,16 @@ def real_model():
     return load_model("smollm2-135m")
 
 
+@pytest.fixture(scope="session")
+def hf_peer():
+    """Hugging Face transformers' Llama on the same GGUF file (`load_hf_peer`), loaded once per
+    test session (~17 CPU-seconds: transformers parses the file twice). Every test that uses it
+    is in one xdist group, so one worker loads it. Tests must not change it."""
+    from reference.bench.hf_peer import load_hf_peer
+
+    return load_hf_peer()
+
+
 @pytest.fixture
 def threads(request):
     """torch's thread count set to the test's parameter (indirect=True), restored after."""
@@ -46,9 +56,13 @@ def pytest_collection_modifyitems(config, items):
     """The suite runs over xdist workers (``--dist loadgroup``, pyproject.toml): a test that uses
     a module-scoped fixture (a model loaded, a course directory built, a zip graded) joins its
     module's group, so the fixture is made once, in one worker; the other tests spread one by
-    one. A test that names its own group (the self-checks: one per chapter) keeps it."""
+    one. A test that names its own group (the self-checks: one per chapter) keeps it; the tests
+    that use HF's model (``hf_peer``) share one group."""
     for item in items:
         if item.get_closest_marker("xdist_group") is not None:
+            continue
+        if "hf_peer" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.xdist_group("hf_peer"))
             continue
         definitions = getattr(item, "_fixtureinfo", None)
         scopes = {d.scope for defs in (definitions.name2fixturedefs.values() if definitions else ())

@@ -198,10 +198,11 @@ def step_path_note(model) -> str:
     return f"torch operators, one-row products {path} ({where}{missing})"
 
 
-def run(args: argparse.Namespace) -> None:
+def run(args: argparse.Namespace, loaded: tuple | None = None) -> None:
+    """The benchmark; ``loaded``: (model, tokenizer, HF peer) already loaded (a test session's),
+    else both models are loaded here."""
     threads = configure(args.threads)
-    model, tok = load_model("smollm2-135m")
-    hf = load_hf_peer()
+    model, tok, hf = loaded or (*load_model("smollm2-135m"), load_hf_peer())
     ids = tok.chat_ids(PROMPT)
     print(f"threads: {threads} ({'--threads' if args.threads else 'free cores'}), OpenMP wait "
           f"policy: {wait_policy()}   batch-1 steps: {step_path_note(model)}   prompt: {len(ids)} "
@@ -293,7 +294,7 @@ def batched_decode(model, prompt_ids: list[int], batch: int, n_steps: int) -> tu
     return times, torch.cat(tokens, dim=1)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None, loaded: tuple | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m reference.bench decode", description=__doc__.split("\n")[0])
     parser.add_argument("--tokens", type=int, nargs="+", default=[32, 128, 512])
     parser.add_argument("--naive-max", type=int, default=128,
@@ -305,4 +306,4 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="default: the cores free now")
     parser.add_argument("--under-load", action="store_true",
                         help="also measure with a competing busy-loop process running")
-    run(parser.parse_args(argv))
+    run(parser.parse_args(argv), loaded)

@@ -3,17 +3,16 @@ import pytest
 import torch
 
 from reference.decoding import generate
-from reference.bench.hf_peer import load_hf_peer
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):",
            "Write a short poem about memory bandwidth."]
 LOGIT_TOLERANCE = 1e-3  # max |ours - HF| over all logits; both dequantize Q4_1 to float32
 
 
-@pytest.fixture(scope="module")
-def models(real_model):
+@pytest.fixture
+def models(real_model, hf_peer):
     model, tok = real_model
-    return model, tok, load_hf_peer()
+    return model, tok, hf_peer
 
 
 @pytest.mark.slow
