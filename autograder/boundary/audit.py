@@ -110,6 +110,12 @@ def _hook(event: str, args: tuple) -> None:
         _refuse(event, what)
 
 
+def learner_running() -> bool:
+    """Whether learner code is running (a cell, a call, a launch) and the worker's own code is
+    not (``guard.limits_paused``), however deep in library code the question is asked."""
+    return bool(_LEARNER[0]) and not guard._PAUSED[0]
+
+
 def asked_by_learner() -> bool:
     """Whether the function that calls this was called by learner code during a learner call
     (a cell's frame among the ``NEAR`` frames above it; the worker's own code inside a call,

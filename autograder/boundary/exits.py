@@ -22,6 +22,23 @@ so no operation reads its values, yet their text can be parsed back into numbers
 Python beside an honest pass in torch. Printed by learner code under a limit, every value counts
 as one read in the limit's ``work.scalar_reads``, which ``require_one_pass`` bounds.
 
+The recorder is a dispatch mode of the calling thread. The routes that run operations where it
+is not are shut by what they are, at run time (the static look refuses their names):
+
+- a tensor subclass with its own ``__torch_dispatch__``: ``guard`` refuses any operation that
+  reaches one (``guard.SUBCLASS``), and a call may return plain tensors only (``proxies``);
+- another thread (``_thread.start_new_thread``, under ``threading``, thread pools and
+  ``asyncio.to_thread``) and another process (the ``os.fork``, ``os.posix_spawn``,
+  ``subprocess.Popen``, ``os.system`` and ``os.exec`` audit events): refused while learner
+  code runs, however deep in a library the start is made, cells included (a thread or a
+  process started at a cell's load would take work from the calls later);
+- torch's dispatch switches (``SWITCHES``: the mode stack popped or replaced, the Python
+  dispatch key excluded, a kernel registered for an operation, an operation redispatched
+  below the modes), wherever ``torch`` holds them: refused while learner code runs, however
+  deep in torch (``_disable_current_modes`` reaches them five frames down), except inside
+  torch's formatting of a plain tensor that learner code printed (torch formats with its
+  modes off; nothing of the learner's runs there).
+
 Each door is wrapped once, before any cell runs. While an operation limit is in force and
 learner code is near the call (``audit.asked_by_learner``), a door raises ``ExitRefused`` and
 the refusal is kept in the limit's ``refused``, so that catching the error does not hide it:
@@ -29,6 +46,10 @@ the exercise scores 0. Library code using a door for itself, away from learner f
 printing a tensor), is left alone.
 """
 from __future__ import annotations
+
+import _thread
+import sys
+import threading
 
 import torch
 
@@ -45,6 +66,27 @@ DOORS = {  # where -> what goes through it
 
 
 COUNTED = {"torch.Tensor.__repr__": "a tensor printed (str(t), repr(t), print(t), an f-string)"}
+
+# What the routes around the recorder are, by the name a refusal is kept under (``refused``).
+ANOTHER_THREAD, ANOTHER_PROCESS, DISPATCH_SWITCH = "another thread", "another process", "dispatch switch"
+ROUTES = {
+    guard.SUBCLASS: "a tensor subclass with its own __torch_dispatch__ (torch runs that handler "
+                    "with the grader's recorder set aside)",
+    ANOTHER_THREAD: "work handed to another thread (the recorder follows the calling thread)",
+    ANOTHER_PROCESS: "work handed to another process (fork, spawn, a subprocess)",
+    DISPATCH_SWITCH: "torch's dispatch machinery switched (a dispatch mode popped or replaced, "
+                     "the Python dispatch key excluded, a kernel registered, a redispatch)"}
+# The dispatch switches, in torch._C: the mode stack, the dispatch keys of this thread, kernel
+# registration (torch.library), calls below the modes; and the redispatch of an operator handle.
+SWITCHES = ("_pop_torch_dispatch_stack", "_push_on_torch_dispatch_stack", "_set_dispatch_mode",
+            "_unset_dispatch_mode", "_DisableTorchDispatch", "ExcludeDispatchKeyGuard",
+            "_ExcludeDispatchKeyGuard", "_SetExcludeDispatchKeyGuard", "_ForceDispatchKeyGuard",
+            "_IncludeDispatchKeyGuard", "_dispatch_tls_set_dispatch_key_excluded",
+            "_dispatch_tls_set_dispatch_key_included", "_dispatch_library", "_dispatch_call_boxed",
+            "_EnablePythonDispatcher", "_DisablePythonDispatcher", "_EnablePreDispatch",
+            "_RestorePythonTLSSnapshot")
+PROCESS_EVENTS = ("os.fork", "os.forkpty", "os.posix_spawn", "os.posix_spawnp", "subprocess.Popen",
+                  "os.system", "os.exec", "os.spawn")
 
 
 class ExitRefused(RuntimeError):
@@ -64,12 +106,63 @@ def _door(where: str, original):
     return door
 
 
+def _refuse_route(route: str, what: str) -> None:
+    """Keep ``route`` in the active limit's refusals (catching the error hides nothing) and raise."""
+    limit = guard.active_limit()
+    if limit is not None and route not in limit.refused:
+        limit.refused.append(route)
+    raise ExitRefused(f"{what}: {ROUTES[route]}; the grader records your code's work in the "
+                      "thread that calls it, on plain tensors, through torch's operations")
+
+
+_PRINTING = [0]   # > 0 while torch formats a plain tensor for learner code (``_counted``)
+
+
+def _switch(name: str, original):
+    def switch(*args, **kwargs):
+        if audit.learner_running() and not _PRINTING[0]:
+            _refuse_route(DISPATCH_SWITCH, f"torch._C.{name}")
+        return original(*args, **kwargs)
+    switch.__name__ = switch.__qualname__ = name
+    return switch
+
+
+def _thread_start(original):
+    def start_new_thread(*args, **kwargs):
+        if audit.learner_running():
+            _refuse_route(ANOTHER_THREAD, "a new thread")
+        return original(*args, **kwargs)
+    return start_new_thread
+
+
+def _process_hook(event: str, args: tuple) -> None:
+    if event in PROCESS_EVENTS and audit.learner_running():
+        _refuse_route(ANOTHER_PROCESS, f"a new process ({event})")
+
+
+def _replace_everywhere(original, replacement) -> None:
+    """Put ``replacement`` wherever a loaded module of torch holds ``original`` (``from torch._C
+    import X`` made copies)."""
+    for name, module in list(sys.modules.items()):
+        if module is None or not (name == "torch" or name.startswith("torch.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is original:
+                setattr(module, attr, replacement)
+
+
 def _counted(where: str, original):
     def counted(self, *args, **kwargs):
         limit = guard.active_limit()
         if limit is not None and audit.asked_by_learner():
             limit.work.scalar_reads += self.numel()   # every value, as float(t) would read it
-        return original(self, *args, **kwargs)
+        if type(self) not in (torch.Tensor, torch.nn.Parameter):
+            return original(self, *args, **kwargs)     # a subclass's methods: no switch allowed
+        _PRINTING[0] += 1   # torch formats with its dispatch modes off: its own switches pass
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            _PRINTING[0] -= 1
     counted.__name__ = counted.__qualname__ = where.rsplit(".", 1)[1]
     return counted
 
@@ -78,8 +171,10 @@ _INSTALLED = [False]
 
 
 def install() -> None:
-    """Wrap the doors (once per process, before any learner code): the methods on
-    ``torch.Tensor``, the functions wherever ``torch`` and ``torch.utils.dlpack`` hold them."""
+    """Wrap the doors (once per process, before any learner code and before the recorder's
+    places are remembered, ``traffic.install``): the methods on ``torch.Tensor``, the functions
+    wherever ``torch`` and ``torch.utils.dlpack`` hold them; the switches wherever a module of
+    torch holds them; the thread start; and add the hook on new processes."""
     if _INSTALLED[0]:
         return
     import torch.utils.dlpack
@@ -94,4 +189,13 @@ def install() -> None:
     for where in COUNTED:
         name = where.rsplit(".", 1)[1]
         setattr(torch.Tensor, name, _counted(where, getattr(torch.Tensor, name)))
+    import torch.utils._python_dispatch  # noqa: F401 - its copies of the switches are replaced too
+    for name in SWITCHES:
+        original = getattr(torch._C, name, None)
+        if original is not None:
+            _replace_everywhere(original, _switch(name, original))
+    handle = torch._C._DispatchOperatorHandle
+    handle.redispatch_boxed = _switch("_DispatchOperatorHandle.redispatch_boxed", handle.redispatch_boxed)
+    threading._start_new_thread = _thread.start_new_thread = _thread_start(_thread.start_new_thread)
+    sys.addaudithook(_process_hook)
     _INSTALLED[0] = True

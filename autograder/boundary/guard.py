@@ -97,6 +97,12 @@ class Guard:
             self.active = before
 
 
+# The refusal kept when an operation reaches a tensor subclass with its own ``__torch_dispatch__``
+# (``as_subclass``, a wrapper subclass, a nested jagged tensor): torch calls that handler with this
+# thread's dispatch modes set aside, so whatever it runs would be neither counted nor refused.
+SUBCLASS = "tensor subclass"
+
+
 class ForbiddenOperationError(RuntimeError):
     """Learner code ran a torch operation outside its exercise's allowed set; ``names`` are the
     operations refused during the call."""
@@ -284,13 +290,15 @@ def _limit_mode():
         """While active, every aten operation the learner's code runs is checked against
         ``allowed`` (names such as ``aten.exp``) at the dispatcher, below every Python name a
         cell could use. The first one outside raises ``ForbiddenOperationError`` and is kept in
-        ``refused``, so that catching the error does not hide it. ``largest`` is the size in
+        ``refused``, so that catching the error does not hide it; so is an operation on a
+        tensor subclass with a ``__torch_dispatch__`` of its own (``SUBCLASS``: torch would run
+        that handler with this mode set aside, unrecorded). ``largest`` is the size in
         bytes of the largest tensor any allowed operation allocated (views of an input do not
         count; a tensor made from Python values, ``torch.tensor(list)``, does): a grader checks
         "bounded memory" with it on every test size. ``work`` adds up the call's matmul FLOPs,
         elementwise products and elements exponentiated (``CallWork``): a grader checks "one
-        pass" with it. The run-time wall at a tensor's exits (``boundary.exits``) records its
-        refusals in the ``refused`` of ``active_limit()``."""
+        pass" with it. The run-time walls at a tensor's exits and at the routes around this mode
+        (``boundary.exits``) record their refusals in the ``refused`` of ``active_limit()``."""
 
         @classmethod
         def _should_skip_dynamo(cls) -> bool:
@@ -326,6 +334,10 @@ def _limit_mode():
             allowed, flops, exps, lift, read = verdict
             if _PAUSED[0]:
                 return func(*args, **(kwargs or {}))
+            if types:   # only plain tensors here: a subclass's handler runs with this mode off
+                if SUBCLASS not in self.refused:
+                    self.refused.append(SUBCLASS)
+                raise ForbiddenOperationError([SUBCLASS])
             if not allowed:
                 name = operation_name(func)
                 if name not in self.refused:

@@ -98,13 +98,27 @@ def proxy(tagged: dict, channel: Channel) -> _Proxy:
     return (ModelProxy if tagged["kind"] == "model" else CacheProxy)(int(tagged["id"]), channel)
 
 
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def plain_tensor(value: torch.Tensor) -> torch.Tensor:
+    """A copy of a tensor learner code hands over, as a plain ``torch.Tensor``. A subclass is
+    refused before any of its methods runs: its ``__torch_function__`` or ``__torch_dispatch__``
+    would run learner code here, after the call, where nothing is recorded."""
+    if type(value) not in PLAIN_TENSORS:
+        raise TypeError(f"your code handed over a {type(value).__name__}, a subclass of "
+                        "torch.Tensor: the grader takes plain tensors only (their operations "
+                        "are the ones it records)")
+    return value.detach().as_subclass(torch.Tensor).clone()
+
+
 def _plain(value: Any) -> Any:
     """Arguments of a proxy call as plain data (proxies become ``Remote`` markers)."""
     if isinstance(value, _Proxy):
         kind = "model" if isinstance(value, ModelProxy) else "cache"
         return {TAG: "remote", "kind": kind, "id": int(value._id)}
     if isinstance(value, torch.Tensor):
-        return value.detach().as_subclass(torch.Tensor).clone()
+        return plain_tensor(value)
     if isinstance(value, SCALARS):
         return value
     if isinstance(value, (list, tuple)):
@@ -143,13 +157,13 @@ class LearnerSide:
         if isinstance(value, _Proxy):
             return _plain(value)
         if isinstance(value, torch.Tensor):
-            return value.detach().as_subclass(torch.Tensor).clone()
+            return plain_tensor(value)
         if isinstance(value, SCALARS):
             return value
         if type(value) is list:
             return [self.result(v) for v in value]
-        if isinstance(value, tuple):
-            return tuple(self.result(v) for v in value)
+        if isinstance(value, tuple):   # a named tuple too; its items, not its own __iter__
+            return tuple(self.result(v) for v in tuple.__iter__(value))
         if type(value) is dict and all(isinstance(k, (str, int)) for k in value):
             return {k: self.result(v) for k, v in value.items()}
         handle = next(self._ids)

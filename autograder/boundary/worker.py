@@ -313,10 +313,10 @@ def run(config: dict) -> None:
     if config.get("compile"):
         write_message(config["out"], {"ready": True, "isolation": isolation})
         serve(config["in"], config["out"], tmp, describe)
+    exits.install()   # before the worker remembers what its records rest on
     worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])
     hide_worker_module()
     audit.install(str(worker.cells))
-    exits.install()
     write_message(worker.out_fd, {"ready": True, "isolation": isolation})
     while True:
         try:

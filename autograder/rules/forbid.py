@@ -44,6 +44,8 @@ def uses_in_source(source: str, names: Iterable[str]) -> list[str]:
                 words.add(node.id)
             elif isinstance(node, ast.Attribute):
                 words.add(node.attr)
+            elif isinstance(node, ast.MatchClass):   # `case object(softmax=f)`: an attribute
+                words.update(node.kwd_attrs)
             elif isinstance(node, ast.alias):
                 words.update(node.name.split("."))
             elif isinstance(node, ast.Constant) and isinstance(node.value, str) \
@@ -122,6 +124,8 @@ def detours_in_source(source: str, grade_id: str | None = None) -> list[str]:
             words, private_ok = [node.id], True      # the cell's own helpers may be _private
         elif isinstance(node, ast.Attribute):
             words = [node.attr]
+        elif isinstance(node, ast.MatchClass):   # `case object(_C=c)` fetches torch._C
+            words = list(node.kwd_attrs)
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             modules = [a.name for a in node.names] if isinstance(node, ast.Import) \
                 else [node.module or ""]

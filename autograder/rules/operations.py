@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from autograder.boundary.exits import DOORS
+from autograder.boundary.exits import DOORS, ROUTES
 from autograder.rules.feedback import PrerequisiteFailed
 from autograder.rules.forbid import OUTSIDE_TORCH
 
@@ -109,11 +109,18 @@ def allowed_operations(exercise: Any) -> frozenset[str] | None:
 
 def refusal_message(grade_id: str, names: list[str]) -> str:
     """Why the exercise scores 0: which operations ran that it does not allow, and what each
-    is (``HINTS``); which doors out of torch (``boundary.exits.DOORS``, shut at run time and
-    reported among the refused operations) learner code used."""
-    exits, names = [n for n in names if n in DOORS], [n for n in names if n not in DOORS]
+    is (``HINTS``); which doors out of torch (``boundary.exits.DOORS``) and which routes around
+    the recorder (``boundary.exits.ROUTES``: a tensor subclass, another thread or process, a
+    dispatch switch), shut at run time and reported among the refused operations, learner code
+    took."""
+    exits = [n for n in names if n in DOORS]
+    routes = [n for n in names if n in ROUTES]
+    names = [n for n in names if n not in DOORS and n not in ROUTES]
     lines = [f"`{grade_id}` worked outside torch's operations: {'; '.join(DOORS[n] for n in exits)}. "
              f"The exercise scores 0: {OUTSIDE_TORCH}"] if exits else []
+    lines += [f"`{grade_id}` ran work where the grader does not record it: "
+              f"{'; '.join(ROUTES[n] for n in routes)}. The exercise scores 0: write it as plain "
+              "torch operations on plain tensors, in the thread that calls it"] if routes else []
     if not names:
         return "\n".join(lines)
     lines += [f"`{grade_id}` ran {', '.join(names)}: not among the operations this exercise "

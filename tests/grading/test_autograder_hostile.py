@@ -224,8 +224,9 @@ def test_write_attacks_were_tried_and_refused(batch):
                                                "No such file or directory")), output
     assert "PermissionError" in entry(batch["results"], "kill_grader")["output"] or \
         "no grader in sight" in entry(batch["results"], "kill_grader")["output"]
-    assert "only" in entry(batch["results"], "fork_bomb")["output"] or \
-        "timed out" in entry(batch["results"], "fork_bomb")["output"]
+    # refused at the first fork (learner code may start no process); the sandbox user's process
+    # limit stays behind it
+    assert "a new process (os.fork)" in entry(batch["results"], "fork_bomb")["output"]
 
 
 @ROOT_ONLY

@@ -50,6 +50,52 @@ def test_the_exits_wall_refuses_numpy_and_dlpack_only_to_learner_code_under_a_li
                         "printed": ["reads 6"], "library": []}
 
 
+def test_the_routes_around_the_recorder_are_refused_whatever_reaches_them(tmp_path):
+    """In a process of its own (the switches stay wrapped): a cell runs work (an exp) where the
+    recorder is not: in a tensor subclass's __torch_dispatch__ (torch runs it with the modes set
+    aside), in a nested jagged tensor (a subclass too), in a thread pool or asyncio.to_thread,
+    with the dispatch modes disabled, the Python key excluded, an operation redispatched below
+    the modes, a Python kernel registered for an aten operation, in a forked process. Each is
+    refused and kept in the limit's refusals (caught or not: the exercise scores 0); printing a
+    tensor deep in library code is not; a thread started at a cell's load is refused too
+    (tests/fixtures/routes_probe.py)."""
+    run = subprocess.run([sys.executable, str(ROOT / "tests/fixtures/routes_probe.py"),
+                          str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    verdicts = ast.literal_eval(run.stdout.strip().splitlines()[-1])
+    kept = {"subclass": "tensor subclass", "nested": "dispatch switch", "thread_pool": "another thread",
+            "to_thread": "another thread", "modes_off": "dispatch switch", "key_excluded": "dispatch switch",
+            "redispatch": "dispatch switch", "fork": "another process", "caught": "another thread"}
+    for probe, route in kept.items():
+        raised, refused, _ = verdicts[probe]
+        assert route in refused, (probe, verdicts[probe])
+        assert raised is not None or probe == "caught", (probe, verdicts[probe])
+    assert verdicts["kernel"][0] == "IntrospectionRefused", verdicts["kernel"]  # Library reads its caller's frame
+    assert verdicts["library"] == (None, [], 0)
+    assert verdicts["cell load thread"] == "refused" and verdicts["outside learner code"] == "allowed"
+
+
+def test_a_call_may_return_plain_tensors_only():
+    """A subclass returned (or inside a returned tuple) would run its own methods in the worker's
+    conversion, after the recorded call: refused before any of them runs."""
+    from autograder.boundary.causes import LearnerError
+    from autograder.sandbox import SandboxLearner
+    from autograder.rules.plugin import Exercise
+    cells = [("lazy", "class Lazy(torch.Tensor):\n    pass\n\n"
+                      "def lazy(x):\n    return x * 2, (x + 1).as_subclass(Lazy)\n"),
+             ("plain", "def plain(x):\n    return x * 2, torch.nn.Parameter(x + 1)\n")]
+    learner = SandboxLearner(cells, timeout=30)
+    try:
+        x = torch.randn(3)
+        learner.begin(Exercise("plain", 1))
+        doubled, parameter = learner.call("plain", x)
+        assert type(parameter) is torch.Tensor and torch.equal(parameter, x + 1)
+        with pytest.raises(LearnerError, match="a Lazy, a subclass of torch.Tensor"):
+            learner.call("lazy", x)
+    finally:
+        learner.close()
+
+
 def test_an_operation_outside_the_allowed_set_refuses_the_call_even_when_caught():
     """Below the names: the dispatcher sees aten._softmax whatever reached it, and catching the
     refusal does not hide it (the exercise scores 0, as for a failed prerequisite)."""

@@ -22,6 +22,12 @@ def test_forbidding_a_tensor_method_refuses_it_under_any_spelling():
     assert torch.equal(x.softmax(-1), torch.softmax(x, -1))
 
 
+def test_a_class_pattern_fetching_a_forbidden_function_is_found():
+    from autograder.rules.forbid import uses_in_source
+    source = "def f(x):\n    match torch:\n        case object(softmax=soft):\n            return soft(x, -1)"
+    assert uses_in_source(source, ["torch.softmax"]) == ["torch.softmax"]
+
+
 def test_static_look_names_forbidden_functions_but_not_in_docstrings():
     from autograder.rules.forbid import uses_in_source
     name = ["torch.nn.functional.scaled_dot_product_attention"]
@@ -63,7 +69,8 @@ def test_the_static_look_knows_the_routes_that_need_no_forbidden_name():
             ("import pickle", "pickle"),
             ("import os\nm = os.sys", "sys"),
             ("t = typing.get_type_hints(f)", "get_type_hints"),
-            ("x = frame.f_back.f_locals", "f_locals")):
+            ("x = frame.f_back.f_locals", "f_locals"),
+            ("match torch:\n    case object(_C=c):\n        pass", "_C")):   # a class pattern's attributes
         assert word in detours_in_source(source, "f"), source
     own = ("class K:\n    def __init__(self):\n        self._used = [0]\n\n"
            "    def _grow(self):\n        return self._used\n\n"

@@ -1009,3 +1009,85 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
             l, acc, m = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k], m_new
         out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
     return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: two passes, the first one (each row's max over the key tiles) run inside a tensor subclass's __torch_dispatch__, which torch calls with the recorder set aside
+# expect: a tensor subclass with its own __torch_dispatch__
+# expect score: 0
+import math
+
+import torch
+
+JOB = {}
+
+
+class RowMax(torch.Tensor):
+    """Any operation on one of these runs the first pass here, out of the recorder's sight."""
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        q_tile, k, block_k, causal, rows = JOB["pass 1"]
+        m = q_tile.new_full(q_tile.shape[:3], float("-inf"))
+        for j in range(0, k.shape[2], block_k):
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            m = torch.maximum(m, s.amax(-1))
+        JOB["max"] = m
+        return torch.zeros(())
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + n_k - n_q
+        JOB["pass 1"] = (q_tile, k, block_k, causal, rows)
+        torch.zeros(1).as_subclass(RowMax) + 0                  # pass 1, unseen
+        m = JOB["max"]
+        l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):                        # pass 2, from the final max
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            p = torch.exp(s - m[..., None])
+            l, acc = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k]
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+    return out, lse
+
+
+# %% grade_id: tiled_attention | cheat: two passes, the first one run with torch's dispatch modes disabled, the function fetched by class patterns (`case object(_python_dispatch=...)`), no private attribute written
+# expect score: 0
+import math
+
+import torch
+
+match torch.utils:
+    case object(_python_dispatch=dispatch):
+        match dispatch:
+            case object(_disable_current_modes=modes_off):
+                pass
+
+
+def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
+    n_q, n_k = q.shape[2], k.shape[2]
+    out, lse = torch.empty_like(q), q.new_empty(q.shape[:3])
+    for i in range(0, n_q, block_q):
+        q_tile = q[:, :, i:i + block_q] / math.sqrt(q.shape[-1])
+        rows = torch.arange(i, i + q_tile.shape[2])[:, None] + n_k - n_q
+        m = q.new_full(q_tile.shape[:3], float("-inf"))
+        with modes_off():
+            for j in range(0, n_k, block_k):                    # pass 1, unseen
+                s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+                if causal:
+                    s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+                m = torch.maximum(m, s.amax(-1))
+        l, acc = torch.zeros_like(m), torch.zeros_like(q_tile)
+        for j in range(0, n_k, block_k):                        # pass 2
+            s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)
+            if causal:
+                s = s.masked_fill(torch.arange(j, j + s.shape[-1])[None, :] > rows, float("-inf"))
+            p = torch.exp(s - m[..., None])
+            l, acc = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k]
+        out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
+    return out, lse

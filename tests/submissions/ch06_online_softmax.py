@@ -383,3 +383,57 @@ def online_softmax(scores, tile):
         ls.append(np.exp(seen - safe[..., None]).sum(-1))
     m, l = (torch.tensor(np.stack(states, -1), dtype=scores.dtype) for states in (ms, ls))
     return torch.exp(scores - m[..., -1:]) / l[..., -1:], m, l
+
+
+# %% grade_id: online_softmax | cheat: each state recomputed from scratch over every column read so far, inside a tensor subclass's __torch_dispatch__ (torch sets the recorder aside there); the probabilities in plain sight, so one pass is recorded
+# expect: a tensor subclass with its own __torch_dispatch__
+# expect score: 0
+JOB = {}
+
+
+class States(torch.Tensor):
+    @classmethod
+    def __torch_dispatch__(cls, func, types, args=(), kwargs=None):
+        scores, tile = JOB["row"]
+        ms, ls = [], []
+        for end in range(tile, scores.shape[-1] + tile, tile):
+            seen = scores[..., :end]
+            m = seen.amax(-1)
+            safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+            ms.append(m)
+            ls.append(torch.exp(seen - safe[..., None]).sum(-1))
+        JOB["states"] = torch.stack(ms, -1), torch.stack(ls, -1)
+        return torch.zeros(())
+
+
+def online_softmax(scores, tile):
+    if tile < 1:
+        raise ValueError(f"tile must be a positive number of columns, got {tile}")
+    JOB["row"] = (scores, tile)
+    torch.zeros(1).as_subclass(States) * 1
+    m, l = JOB["states"]
+    return torch.exp(scores - m[..., -1:]) / l[..., -1:], m, l
+
+
+# %% grade_id: online_softmax | cheat: each state recomputed from scratch in another thread (asyncio.to_thread: no thread module named), the probabilities in this one
+# expect: work handed to another thread
+# expect score: 0
+import asyncio
+
+
+def states(scores, tile):
+    ms, ls = [], []
+    for end in range(tile, scores.shape[-1] + tile, tile):
+        seen = scores[..., :end]
+        m = seen.amax(-1)
+        safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+        ms.append(m)
+        ls.append(torch.exp(seen - safe[..., None]).sum(-1))
+    return torch.stack(ms, -1), torch.stack(ls, -1)
+
+
+def online_softmax(scores, tile):
+    if tile < 1:
+        raise ValueError(f"tile must be a positive number of columns, got {tile}")
+    m, l = asyncio.run(asyncio.to_thread(states, scores, tile))
+    return torch.exp(scores - m[..., -1:]) / l[..., -1:], m, l
