@@ -512,25 +512,40 @@ def _launch(learner, q, k, v, bounds, chunk, block_n):
     return tuple(t.cpu().double() for t in args[3:6])
 
 
-def _check_kernel(learner, gen, batch, heads, kv_heads, splits_with_keys, num_splits):
+# Scores of the large case: q scaled so that the scores reach the hundreds, far above where exp
+# overflows float32 (~88) and far below where it underflows; a kernel without a running max fails.
+LARGE = 40.0
+
+
+def _check_kernel(learner, gen, batch, heads, kv_heads, splits_with_keys, num_splits,
+                  magnitude: float = 1.0):
     block_n, dim, chunk, n_keys = _kernel_case(gen, splits_with_keys)
     source = kernel_source(learner, KERNEL)
     _method_problem(source, block_n)
     q, = qkv(gen, (batch, heads, dim))[:1]
     k, v, _ = qkv(gen, (batch, kv_heads, n_keys, dim))
-    q, k, v = (2 * t.float() for t in (q, k, v))
+    q, k, v = (2 * t.float() for t in (q * magnitude, k, v))
+    rtol = 1e-4 if magnitude == 1 else 1e-3   # fp32 scores in the hundreds: ~1e-4 absolute
     bounds = [(min(s * chunk, n_keys), min((s + 1) * chunk, n_keys)) for s in range(num_splits)]
     call = (f"{KERNEL} with BLOCK_N={block_n}, HEAD_DIM={dim} on q [{batch}, {heads}, {dim}], "
-            f"k/v [{batch}, {kv_heads}, {n_keys}, {dim}], {num_splits} splits of chunk={chunk} keys")
+            f"k/v [{batch}, {kv_heads}, {n_keys}, {dim}], {num_splits} splits of chunk={chunk} keys"
+            + (f", q scaled by {magnitude:g} (scores in the hundreds)" if magnitude != 1 else ""))
     got = _launch(learner, q, k, v, bounds, chunk, block_n)
     scale = 1 / math.sqrt(dim)
     want = _states(q, k, v, bounds, block_n, sm_scale=scale)
-    if _same(got, want):
+    if _same(got, want, rtol):
         _require_one_pass(learner, k, heads // kv_heads, block_n)
         weight = torch.exp(got[0] - want[0].amax(-1, keepdim=True))   # the grader's merge
         out = (weight[..., None] * got[2]).sum(-2) / (weight * got[1]).sum(-1)[..., None]
-        assert_close(out, _exact(q, k, v), name=f"merged output, {call}", rtol=1e-4, atol=1e-5)
+        assert_close(out, _exact(q, k, v), name=f"merged output, {call}", rtol=rtol, atol=1e-5)
         return
+    stored = torch.isfinite(got[0])   # the split's max was written: l and o must be finite there
+    if any((~torch.isfinite(t) & (stored[..., None] if t.dim() > stored.dim() else stored)).any()
+           for t in got[1:]):
+        raise AssertionError(f"{call}: l or o is inf or NaN where the split's max m is finite, on "
+                             f"scores up to {want[0].max().item():.0f}: exp of a raw score above "
+                             "~88 overflows float32. Keep a running max m and take exp(s - m); "
+                             "when a tile raises it, rescale l and o by exp(m_old - m_new)")
     if any(torch.isnan(t).any() for t in got):
         raise AssertionError(f"{call}: m, l or o still holds NaN (the grader poisons them): every "
                              "program must store its split's state, an empty split too "
@@ -565,7 +580,7 @@ def _check_kernel(learner, gen, batch, heads, kv_heads, splits_with_keys, num_sp
             raise AssertionError(f"{call}: {advice}")
     for name, g, w in zip("mlo", got, want):
         assert_close(g.nan_to_num(neginf=-1e30), w.nan_to_num(neginf=-1e30), name=f"{name}, {call}",
-                     rtol=1e-4, atol=1e-5, hint="m = max score of the split, l = sum exp(s - m), "
+                     rtol=rtol, atol=1e-5, hint="m = max score of the split, l = sum exp(s - m), "
                      "o = sum exp(s - m) v, with score = (q . k) * sm_scale")
 
 
@@ -573,12 +588,14 @@ def _check_kernel(learner, gen, batch, heads, kv_heads, splits_with_keys, num_sp
 def test_decode_kernel_with_several_tiles_per_split_and_gqa(learner, seed):
     gen = generator(seed + 7)
     _check_kernel(learner, gen, 1, 4, 2, 2, 2)
+    _check_kernel(learner, gen, 1, 4, 2, 2, 2, magnitude=LARGE)
 
 
 @exercise(KERNEL, points=4, timeout=120)
 def test_decode_kernel_with_uneven_splits_and_groups_of_three(learner, seed):
     gen = generator(seed + 8)
     _check_kernel(learner, gen, 2, 3, 1, 3, 3)
+    _check_kernel(learner, gen, 2, 3, 1, 3, 3, magnitude=LARGE)
 
 
 @exercise(KERNEL, points=4, timeout=120)

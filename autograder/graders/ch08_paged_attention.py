@@ -422,7 +422,7 @@ def _without_block_size(cache: torch.Tensor) -> torch.Tensor:
     return flat.unfold(0, block_size, 1)[:num_blocks].transpose(1, 2).reshape(cache.shape)
 
 
-def _check_paged(got, q, k_cache, v_cache, tables, lens, call: str) -> None:
+def _check_paged(got, q, k_cache, v_cache, tables, lens, call: str, rtol: float = 1e-4) -> None:
     expected = _attention(q, k_cache, v_cache, tables, lens)
     block_size = k_cache.shape[1]
     whole_blocks = torch.tensor([int((t >= 0).sum()) * block_size for t in tables])
@@ -439,11 +439,11 @@ def _check_paged(got, q, k_cache, v_cache, tables, lens, call: str) -> None:
               "query head h reads K/V head h // (Hq // Hkv), not h % Hkv (which is what "
               "repeat() gives; repeat_interleave gives h // group)")]
     if isinstance(got, torch.Tensor) and got.shape == expected.shape and got.is_floating_point() \
-            and not torch.allclose(got.double(), expected, rtol=1e-4, atol=1e-5):
+            and not torch.allclose(got.double(), expected, rtol=rtol, atol=1e-5):
         for wrong, advice in slips:
-            if torch.allclose(got.double(), wrong, rtol=1e-4, atol=1e-5):
+            if torch.allclose(got.double(), wrong, rtol=rtol, atol=1e-5):
                 raise AssertionError(f"{call}: {advice}")
-    assert_close(got, expected, name=call, rtol=1e-4, atol=1e-5,
+    assert_close(got, expected, name=call, rtol=rtol, atol=1e-5,
                  hint="gather sequence b's keys and values at the slots of positions 0 .. "
                       "context_lens[b] - 1, then softmax(q k^T / sqrt(D)) v")
 
@@ -513,11 +513,19 @@ def _require_named_blocks(learner, k_cache, tables, lens, group: int) -> None:
                            for name in ("K", "V")})
 
 
-def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share):
+# The large case: q scaled so that the scores reach the hundreds, far above where exp overflows
+# float32 (~88) and far below where it underflows; a kernel without a running max fails.
+LARGE = 200.0
+
+
+def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share, magnitude=1.0):
     q, k_cache, v_cache, tables, lens = _paged_inputs(gen, batch, heads, kv_heads, dim,
                                                       block_size, share)
+    q = q * magnitude
+    rtol = 1e-4 if magnitude == 1 else 1e-3   # fp32 scores in the hundreds: ~1e-4 absolute
     call = (f"paged_decode_kernel on q [{batch}, {heads}, {dim}], blocks of {block_size} with "
-            f"{kv_heads} K/V heads, context_lens {lens.tolist()}")
+            f"{kv_heads} K/V heads, context_lens {lens.tolist()}"
+            + (f", q scaled by {magnitude:g} (scores in the hundreds)" if magnitude != 1 else ""))
     require_tile_loop(learner, "paged_decode_kernel", "BLOCK_SIZE",
                       "Work on whole blocks: one loop over the sequence's blocks, e.g. range(0, "
                       "tl.cdiv(context_len, BLOCK_SIZE)), each iteration loading a [BLOCK_SIZE, "
@@ -527,17 +535,22 @@ def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share):
                           tables, lens, heads, kv_heads, tables.shape[1], 1 / math.sqrt(dim),
                           BLOCK_SIZE=block_size, HEAD_DIM=dim)
     got = args[3]
+    if magnitude != 1 and not torch.isfinite(got).all():   # the same launch was finite unscaled
+        raise AssertionError(f"{call}: out is inf or NaN on scores in the hundreds: exp of a raw "
+                             "score above ~88 overflows float32. Keep a running max m over the "
+                             "blocks and take exp(s - m); when a block raises it, rescale l and o "
+                             "by exp(m_old - m_new)")
     if torch.isnan(got).any():
         raise AssertionError(f"{call}: out still holds NaN where the grader poisoned it: every "
                              "program must store its row o / l (and never compute inf - inf)")
     if torch.allclose(got.double(), _without_output_rescale(q, k_cache, v_cache, tables, lens),
-                      rtol=1e-4, atol=1e-5) and not torch.allclose(
+                      rtol=rtol, atol=1e-5) and not torch.allclose(
                           got.double(), _attention(q, k_cache, v_cache, tables, lens),
-                          rtol=1e-4, atol=1e-5):
+                          rtol=rtol, atol=1e-5):
         raise AssertionError(f"{call}: when a block raises the running max from m_old to m_new, "
                              "multiply both l and the output o by exp(m_old - m_new) before "
                              "adding the block's terms; o was not rescaled")
-    _check_paged(got, q, k_cache, v_cache, tables, lens, call)
+    _check_paged(got, q, k_cache, v_cache, tables, lens, call, rtol)
     _require_named_blocks(learner, k_cache, tables, lens, heads // kv_heads)
 
 
@@ -545,12 +558,14 @@ def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share):
 def test_paged_kernel_with_gqa_and_partial_last_blocks(learner, seed):
     gen = generator(seed + 7)
     _kernel_case(learner, gen, 3, 4, 2, 16, 4, share=False)
+    _kernel_case(learner, gen, 3, 4, 2, 16, 4, share=False, magnitude=LARGE)
 
 
 @exercise("paged_decode_kernel", points=5, timeout=120)
 def test_paged_kernel_with_a_shared_block_and_groups_of_three(learner, seed):
     gen = generator(seed + 8)
     _kernel_case(learner, gen, 2, 6, 2, 32, 8, share=True)
+    _kernel_case(learner, gen, 2, 6, 2, 32, 8, share=True, magnitude=LARGE)
 
 
 def _paged_build(label: str, dim: int, block_size: int) -> Build:

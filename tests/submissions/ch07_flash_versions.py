@@ -300,6 +300,26 @@ from reference.kernels.torch_reference import merge_softmax_states as merge_spli
 #         o_i = o_i + tl.sum(p[:, None] * v, axis=0)
 
 
+# %% grade_id: decode_partial_kernel | wrong: no running max: sums exp of the raw scores and scales them back by exp(-m) at the end (right until a score passes ~88)
+# expect: exp of a raw score above ~88 overflows float32
+# replace:
+#         rescale = tl.exp(m_i - m_new)
+#         p = tl.exp(scores - m_new)
+#         l_i = l_i * rescale + tl.sum(p, axis=0)
+#         o_i = o_i * rescale + tl.sum(p[:, None] * v, axis=0)
+#         m_i = m_new
+#     state = row * num_splits + split
+# with:
+#         p = tl.exp(scores)                              # raw exponentials, no max
+#         l_i = l_i + tl.sum(p, axis=0)
+#         o_i = o_i + tl.sum(p[:, None] * v, axis=0)
+#         m_i = m_new
+#     back = tl.where(m_i == float("-inf"), 0.0, tl.exp(-m_i))
+#     l_i = l_i * back
+#     o_i = o_i * back
+#     state = row * num_splits + split
+
+
 # %% grade_id: decode_partial_kernel | wrong: K/V head h % Hkv (ignores GQA grouping)
 # expect: h % Hkv
 # replace:

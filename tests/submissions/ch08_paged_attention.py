@@ -217,6 +217,21 @@ def fragmentation(events, num_slots, block_size):
 #         out[b] = attend(q[b][:, None], k, v)[:, 0]
 
 
+# %% grade_id: paged_decode_kernel | wrong: no running max: sums exp of the raw scores (right until a score passes ~88)
+# expect: exp of a raw score above ~88 overflows float32
+# replace:
+#         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+#         rescale = tl.exp(m_i - m_new)
+#         p = tl.exp(scores - m_new)
+#         l_i = l_i * rescale + tl.sum(p, axis=0)
+#         o_i = o_i * rescale + tl.sum(p[:, None] * v, axis=0)
+#         m_i = m_new
+# with:
+#         p = tl.exp(scores)                              # raw exponentials, no max
+#         l_i = l_i + tl.sum(p, axis=0)
+#         o_i = o_i + tl.sum(p[:, None] * v, axis=0)
+
+
 # %% grade_id: paged_decode_kernel | wrong: forgets to rescale the output when the max grows
 # expect: exp(m_old - m_new)
 # replace:
