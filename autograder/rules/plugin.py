@@ -165,6 +165,14 @@ def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
+def points_of_test(points: float, tests: int, index: int) -> float:
+    """The points of the ``index``-th of an exercise's ``tests`` tests: whole hundredths that add
+    up to ``points`` exactly (5 over 3 tests: 1.67, 1.67, 1.66), so that no report shows 5.83333
+    or a total of 5.0001."""
+    base, extra = divmod(round(points * 100), tests)
+    return (base + (index < extra)) / 100
+
+
 def memory_last(entry: Exercise | None) -> float:
     """Sort key that grades the exercises with a memory limit of their own (``memory_mb``) after
     the others, the highest limit first (a stable sort keeps every exercise's own order): each
@@ -218,10 +226,14 @@ class Collector:
             mark = item.get_closest_marker("exercise")
             if mark:
                 counts[mark.args[0]] = counts.get(mark.args[0], 0) + 1
+        seen: dict[str, int] = {}
         for item in items:
             mark = item.get_closest_marker("exercise")
             if mark:
-                self._share[item.nodeid] = mark.kwargs.get("points", 1) / counts[mark.args[0]]
+                grade_id = mark.args[0]
+                self._share[item.nodeid] = points_of_test(mark.kwargs.get("points", 1),
+                                                      counts[grade_id], seen.get(grade_id, 0))
+                seen[grade_id] = seen.get(grade_id, 0) + 1
         self.position = {item.name: i for i, item in enumerate(items)}
         items.sort(key=_memory_last)
         start = getattr(self.learner, "start", None)

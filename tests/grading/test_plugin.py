@@ -130,3 +130,12 @@ def test_exercises_with_a_memory_limit_are_graded_last_and_reported_in_file_orde
     assert learner.graded == ["first_open", "last_open", "limited_high", "limited_low"]
     assert [o.name for o in outcomes] == ["test_a", "test_b", "test_c", "test_d"]
 
+
+
+@pytest.mark.parametrize("points, tests", [(5, 3), (2, 3), (10, 6), (4, 1), (3, 7), (2.5, 4)])
+def test_an_exercises_points_split_into_whole_hundredths_that_add_up(points, tests):
+    from autograder.rules.plugin import points_of_test
+    shares = [points_of_test(points, tests, i) for i in range(tests)]
+    assert all(round(s * 100) == s * 100 or abs(round(s * 100) - s * 100) < 1e-9 for s in shares)
+    assert abs(sum(shares) - points) < 1e-9 and max(shares) - min(shares) <= 0.0100001, shares
+    assert f"{sum(shares):g}" == f"{points:g}"
