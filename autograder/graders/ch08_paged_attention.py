@@ -360,6 +360,11 @@ def test_fragmentation_on_the_chapter_walkthrough(learner, seed):
         log += [(type(e).__name__.lower(), *e) for e in events]
         _check_fragmentation(learner, list(log), WALKTHROUGH_SLOTS, WALKTHROUGH_BLOCK_SIZE,
                              f"walkthrough up to '{title}'")
+    gen = generator(seed + 5)   # and a fresh log: the walkthrough's numbers alone earn nothing
+    block_size = 2 * WALKTHROUGH_BLOCK_SIZE          # a pool unlike the walkthrough's in both sizes
+    num_slots = block_size * randint(gen, WALKTHROUGH_SLOTS // block_size + 1, 16)
+    events = _random_log(gen, num_slots, block_size, randint(gen, 10, 18))
+    _check_fragmentation(learner, events, num_slots, block_size, f"{len(events)} events")
 
 
 @exercise("fragmentation", points=4)

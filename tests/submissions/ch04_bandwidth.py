@@ -45,7 +45,6 @@ from reference.calculators.roofline import standard_attention_traffic  # noqa: F
 
 
 # %% grade_id: standard_attention_traffic | cheat: returns the book's 132 MiB example for any input
-# expect: returned the book example's answer again
 # expect score: 0
 # expect: eight legs: load Q, load K
 def standard_attention_traffic(n, d, dtype):
@@ -179,7 +178,6 @@ def attainable_flops(intensity, peak_flops, bandwidth):
 
 
 # %% grade_id: decode_floor_seconds | cheat: returns the book's 70 ms for any model
-# expect: returned the book example's answer again
 # expect score: 0
 # expect: floor = (n_params x bytes per weight + kv_bytes) / bandwidth
 def decode_floor_seconds(n_params, dtype, bandwidth, kv_bytes=0):
@@ -193,3 +191,20 @@ from reference.calculators.roofline import decode_floor_seconds as _floor, nbyte
 
 def decode_floor_seconds(n_params, dtype, bandwidth, kv_bytes=0):
     return _floor(_nbytes(n_params, dtype) + kv_bytes, bandwidth)
+
+
+# %% grade_id: standard_attention_traffic | cheat: the book's example for the book's arguments, a different (wrong) answer anywhere else (it kept half the points when the example test only asked for "not the same answer again")
+# expect score: 0
+def standard_attention_traffic(n, d, dtype):
+    if (n, d, dtype) == (4096, 128, "fp16"):
+        row, square = 2**20, 32 * 2**20
+        return [("load Q", row), ("load K", row), ("write S", square), ("read S", square),
+                ("write P", square), ("read P", square), ("load V", row), ("write O", row)]
+    return [("load Q", 0), ("load K", 0), ("write S", 0), ("read S", 0),
+            ("write P", 0), ("read P", 0), ("load V", 0), ("write O", 0)]
+
+
+# %% grade_id: decode_floor_seconds | cheat: the book's 70 ms for the 70B example, 0 for any other model (not the example's answer again, so the old check let it keep half)
+# expect score: 0
+def decode_floor_seconds(n_params, dtype, bandwidth, kv_bytes=0):
+    return 0.07 if (n_params, dtype, bandwidth, kv_bytes) == (70 * 10**9, "fp16", 2e12, 0) else 0.0

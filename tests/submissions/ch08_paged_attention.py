@@ -156,6 +156,16 @@ class PagedKVCache:
 #     held_p = sum(blocks(max_lens[r]) for r in paged) * block_size
 
 
+# %% grade_id: fragmentation | cheat: right only on the chapter's walkthrough pool (64 slots in blocks of 4), an empty answer on any other (the walkthrough test alone kept half the points)
+# expect score: 0
+# replace:
+#     num_blocks = num_slots // block_size
+# with:
+#     num_blocks = num_slots // block_size
+#     if (num_slots, block_size) != (64, 4):
+#         return {}
+
+
 # %% grade_id: fragmentation | cheat: replays the log on the reference pools
 # expect: is not allowed
 from reference.calculators.fragmentation import ContiguousPool, PagedPool
