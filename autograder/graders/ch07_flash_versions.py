@@ -95,6 +95,15 @@ def _check_reason(gpu: str, training: bool, head_dim: int, reason: str) -> None:
             f"{call}: the reason {reason!r:.100} names {len(named)} architecture generations; a "
             f"reason says which one this GPU is ({generation}) and why that decides the version, "
             "so one written for every GPU at once says nothing", rule="a reason for this GPU")
+    own = DECIDING.get(generation, ("", ""))[0]
+    stated = [p for p in dict.fromkeys(p for p, _ in DECIDING.values())
+              if p != own and re.search(p, reason, re.IGNORECASE)]
+    if len(stated) >= len({p for p, _ in DECIDING.values()} - {own}):
+        raise PrerequisiteFailed(
+            f"{call}: the reason {reason!r:.120} states what decides the version on every other "
+            f"generation too; a reason says what decides it on this GPU, a {generation} (a "
+            "neighbour's feature as the contrast is fine; all of them is a template)",
+            rule="a reason for this GPU")
     alike = {GPU_GENERATIONS[g] for g in GPU_GENERATIONS
              if pick_flash(g, training, head_dim).version == version} - {generation}
     if named & alike:

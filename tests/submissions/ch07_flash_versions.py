@@ -51,6 +51,21 @@ none may earn the exercise's full points.
 # def pick_flash_version(generation, training, head_dim):
 
 
+# %% grade_id: pick_flash | cheat: the right versions, and one template reason: the GPU's own generation, then every generation's deciding feature (it scored 3/3 when only generation names were counted)
+# expect: states what decides the version on every other generation too
+# expect score: 0
+# replace:
+#     generation = generations[name]
+# with:
+#     generation = generations[name]
+#     version = pick_flash_version(generation, training, head_dim)[0]
+#     return version, (f"{generation}: FA1 trains up to head dim 64, FA2 needs sm_80 or newer, "
+#                      "FA3 is sm_90-only (TMA, WGMMA), FA4 targets tensor memory")
+#
+#
+# def pick_flash_version(generation, training, head_dim):
+
+
 # %% grade_id: pick_flash | cheat: the right versions, with a reason about FlashAttention in general
 # expect: architecture generations
 # expect score: 0
