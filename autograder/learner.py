@@ -90,9 +90,10 @@ class Learner(GraderSideTrace, abc.ABC):
         """The aten operations the current exercise allows (None: no limit)."""
         return allowed_operations(self.exercise)
 
-    def refused(self, names: list[str]) -> OperationRefused:
-        """The verdict on a call that ran operations the current exercise does not allow."""
-        return OperationRefused(refusal_message(self.exercise.grade_id, names), names)
+    def refused(self, names: list[str], where: str = "") -> OperationRefused:
+        """The verdict on a call that ran operations the current exercise does not allow;
+        ``where``: the learner's line that ran the first of them (`` (line N of cell `x`: code)``)."""
+        return OperationRefused(refusal_message(self.exercise.grade_id, names, where), names)
 
     def launch_problem(self, kernel: str) -> str:
         """Why ``kernel`` may not be launched ("" if it may): its cell is not plain Triton code,

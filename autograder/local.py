@@ -22,7 +22,7 @@ from torch.nn import functional as F
 from torch import Tensor
 
 from autograder.boundary.builds import KernelBuilder
-from autograder.boundary.causes import LearnerError, OperationRefused, describe
+from autograder.boundary.causes import LearnerError, OperationRefused, describe, learner_frame
 from autograder.boundary.guard import CallWork, Guard, limits_paused, operation_limit
 from autograder.boundary.launching import launch
 from autograder.boundary.protocol import HEADER, decode, encode
@@ -91,18 +91,20 @@ class LocalLearner(Learner):
         guard = Guard(forbid).install() if forbid else None
         self._guard = guard
         limit = operation_limit(self.allowed_operations() if limit_ops else None)
+        where = ""   # the learner's line that ran a refused operation, when one raised
         try:
             with guard.forbidding(forbid) if guard else contextlib.nullcontext(), limit:
                 value = target(*args, **kwargs)
         except Exception as exc:
             if not limit.refused:   # a refused operation is the verdict, whatever followed it
                 raise LearnerError(describe(exc)) from exc
+            where = learner_frame(exc)
         finally:
             if self._guard is not None:
                 self._guard.uninstall()
             self._guard = None
         if limit.refused:
-            raise self.refused(limit.refused)
+            raise self.refused(limit.refused, where)
         self.largest_allocation, self.last_call_work = limit.largest, limit.work
         return from_wire(_copy(self._side.result(value)))
 

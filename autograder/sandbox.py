@@ -252,7 +252,7 @@ class SandboxLearner(Learner):
             refused = reply.get("refused_ops")
             if isinstance(refused, list) and self.exercise is not None:
                 names = [str(n) for n in refused][:10]
-                raise self.refused(names)
+                raise self.refused(names, str(reply.get("where") or "")[:300])
             raise LearnerError(str(reply.get("error", "unknown error"))[:2000])
         largest = reply.get("largest")
         self.largest_allocation = int(largest) if isinstance(largest, int) else 0

@@ -24,10 +24,13 @@ class OperationRefused(LearnerError):
         self.names = list(names)
 
 
-def _learner_frame(exc: BaseException) -> str:
-    """``line N of cell `x`: code`` for the deepest frame in learner code, or ``""``."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    for frame in reversed(frames):
+def learner_frame(exc: BaseException) -> str:
+    """`` (line N of cell `x`: code)`` for the deepest frame in learner code, or ``""``; looked
+    for in ``exc``, then in the exception it was raised during (a refusal re-raised after the
+    learner's call ended)."""
+    frames = [f for e in (exc, exc.__context__) if e is not None
+              for f in reversed(traceback.extract_tb(e.__traceback__))]
+    for frame in frames:
         name = frame.filename
         cell = "/learner_cells/" in name
         if cell or "ipykernel_" in name or name.startswith("<ipython"):
@@ -51,7 +54,7 @@ def describe(exc: BaseException, memory_mb: int | None = None) -> str:
         return NOT_IMPLEMENTED  # (Triton's interpreter wraps what a kernel body raises)
     if is_out_of_memory(exc):
         limit = f"memory limit ({memory_mb} MB) exceeded" if memory_mb else "out of memory"
-        return f"{limit}{_learner_frame(exc)}"
+        return f"{limit}{learner_frame(exc)}"
     try:
         message = str(exc)
     except Exception:  # a hostile __str__
@@ -59,4 +62,4 @@ def describe(exc: BaseException, memory_mb: int | None = None) -> str:
     message = " ".join(message.split())
     if len(message) > 500:
         message = message[:500] + "…"
-    return f"your code raised {type(exc).__name__}: {message}{_learner_frame(exc)}"
+    return f"your code raised {type(exc).__name__}: {message}{learner_frame(exc)}"

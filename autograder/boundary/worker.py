@@ -44,7 +44,7 @@ from torch.nn import functional as F
 from torch import Tensor
 
 from autograder.boundary.confine import drop_privileges, landlock, lock_down, readable
-from autograder.boundary.causes import describe
+from autograder.boundary.causes import describe, learner_frame
 from autograder.boundary.compiling import serve
 from autograder.boundary.guard import (CallWork, ForbiddenOperationError, Guard, limits_paused,
                                        operation_limit)
@@ -244,7 +244,8 @@ class Worker:
             reply = {"op": "done", "ok": True, "value": value, "largest": self.largest,
                      "traffic": self.traffic, "work": self.work.to_wire()}
         except ForbiddenOperationError as exc:
-            reply = {"op": "done", "ok": False, "error": str(exc), "refused_ops": exc.names}
+            reply = {"op": "done", "ok": False, "error": str(exc), "refused_ops": exc.names,
+                     "where": learner_frame(exc)}
         except BaseException as exc:  # noqa: BLE001 - learner code may raise anything
             if isinstance(exc, SystemExit):
                 exc = RuntimeError(f"your code called exit({exc.code!r})")

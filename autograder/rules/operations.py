@@ -17,6 +17,7 @@ were written (a matmul, a broadcast product, factors copied to full size and mul
 """
 from __future__ import annotations
 
+import re
 from typing import Any
 
 from autograder.boundary.exits import DOORS, ROUTES
@@ -107,12 +108,13 @@ def allowed_operations(exercise: Any) -> frozenset[str] | None:
     return (BASIC | EXTRA.get(grade_id, frozenset())) - WITHOUT.get(grade_id, frozenset())
 
 
-def refusal_message(grade_id: str, names: list[str]) -> str:
-    """Why the exercise scores 0: which operations ran that it does not allow, and what each
-    is (``HINTS``); which doors out of torch (``boundary.exits.DOORS``) and which routes around
-    the recorder (``boundary.exits.ROUTES``: a tensor subclass, another thread or process, a
-    dispatch switch), shut at run time and reported among the refused operations, learner code
-    took."""
+def refusal_message(grade_id: str, names: list[str], where: str = "") -> str:
+    """Why the exercise scores 0: which operations ran that it does not allow, from which of the
+    learner's lines (``where``: `` (line N of cell `x`: code)``), and what each is (``HINTS``,
+    also for a function named on that line whose operation reached the dispatcher under another
+    name: ``F.linear`` of a vector runs ``aten.squeeze_`` first); which doors out of torch
+    (``boundary.exits.DOORS``) and which routes around the recorder (``boundary.exits.ROUTES``: a
+    tensor subclass, another thread or process, a dispatch switch) learner code took."""
     exits = [n for n in names if n in DOORS]
     routes = [n for n in names if n in ROUTES]
     names = [n for n in names if n not in DOORS and n not in ROUTES]
@@ -123,11 +125,20 @@ def refusal_message(grade_id: str, names: list[str]) -> str:
               "torch operations on plain tensors, in the thread that calls it"] if routes else []
     if not names:
         return "\n".join(lines)
-    lines += [f"`{grade_id}` ran {', '.join(names)}: not among the operations this exercise "
-              "allows, whatever name reaches it (an alias, a module, a private function), so the "
-              "exercise scores 0. Build it from arithmetic, reductions, matmuls and indexing."]
-    lines += [f"{name}: {HINTS[name]}" for name in names if name in HINTS]
-    if any(name in WITHOUT.get(grade_id, ()) for name in names):
+    without = WITHOUT.get(grade_id, frozenset())
+    build = (f"Build it from views (slicing, view, reshape, transpose, unsqueeze, expand), "
+             f"arithmetic, reductions and matmuls: this exercise refuses every operation that copies "
+             f"a tensor ({', '.join(sorted(n.removeprefix('aten.') for n in without))})."
+             if without else "Build it from arithmetic, reductions, matmuls and indexing.")
+    lines += [f"`{grade_id}` ran {', '.join(names)}{where}: not among the operations this "
+              "exercise allows, whatever name reaches it (an alias, a module, a private function), "
+              f"so the exercise scores 0. {build}"]
+    code = where.split(": ", 1)[1] if ": " in where else ""
+    named = [op for op in HINTS if op not in names
+             and re.search(rf"\b{re.escape(op.removeprefix('aten.').lstrip('_'))}\s*\(", code)]
+    hints = [f"{name}: {HINTS[name]}" for name in [*names, *named] if name in HINTS]
+    lines += list(dict.fromkeys(hints))
+    if any(name in without for name in names):
         lines.append(WITHOUT_HINTS[grade_id])
     return "\n".join(lines)
 

@@ -139,3 +139,16 @@ def test_an_exercises_points_split_into_whole_hundredths_that_add_up(points, tes
     assert all(round(s * 100) == s * 100 or abs(round(s * 100) - s * 100) < 1e-9 for s in shares)
     assert abs(sum(shares) - points) < 1e-9 and max(shares) - min(shares) <= 0.0100001, shares
     assert f"{sum(shares):g}" == f"{points:g}"
+
+
+def test_a_refusal_names_the_learners_line_and_the_hint_for_the_function_written_there():
+    """F.linear of a vector reaches the dispatcher as aten.squeeze_ first: the hint for linear is
+    found from the learner's line; an exercise that refuses copies says so instead of
+    'indexing'."""
+    from autograder.rules.operations import refusal_message
+    text = refusal_message("online_softmax", ["aten.squeeze_"],
+                           " (line 2 of cell `online_softmax`: y = F.linear(x, w))")
+    assert "ran aten.squeeze_ (line 2 of cell `online_softmax`: y = F.linear(x, w))" in text
+    assert "aten.linear: a linear layer" in text
+    gqa = refusal_message("gqa_attention", ["aten.repeat_interleave"])
+    assert "Build it from views" in gqa and "repeat_interleave" in gqa and "indexing" not in gqa
