@@ -18,9 +18,10 @@ targets, the limits and the verdict are the grader's.
 from __future__ import annotations
 
 import ast
-import inspect
 import linecache
+import inspect
 import re
+import textwrap
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -51,12 +52,22 @@ class Build:
 
 
 def whole_cell(learner: Any, kernel: str) -> str | None:
-    """The learner's cell (sandbox); in a notebook (check()), the cell the kernel was defined in."""
+    """The learner's cell (sandbox); in a notebook (check()), the cell the kernel was defined in,
+    or where its text is gone (Python's line cache dropped it), the kernel's own text (as Triton
+    read it at definition, ``raw_src``, or from its file) under the usual imports; "" when none
+    can be read."""
     source = learner.cell_source(kernel) if hasattr(learner, "cell_source") else None
     jit = getattr(learner, "namespace", {}).get(kernel)
     if source is None and hasattr(jit, "fn"):
         cell = "".join(linecache.getlines(jit.fn.__code__.co_filename))
-        source = cell if f"def {kernel}(" in cell else inspect.getsource(jit.fn)
+        raw = "".join(getattr(jit, "raw_src", None) or ())   # compiled mode keeps it; interpreted not
+        if not raw and f"def {kernel}(" not in cell:
+            try:
+                raw = inspect.getsource(jit.fn)
+            except (OSError, TypeError):
+                raw = ""
+        source = cell if f"def {kernel}(" in cell else \
+            f"import triton\nimport triton.language as tl\n\n\n{textwrap.dedent(raw)}" if raw else ""
     return source
 
 
@@ -99,7 +110,10 @@ def build_source(cell: str, kernel: str) -> tuple[str, int]:
     tree = ast.parse(cell)
     jitted = {n.name: n for n in tree.body if isinstance(n, ast.FunctionDef)}
     if kernel not in jitted:
-        raise AssertionError(f"no `def {kernel}` at the top level of its cell")
+        raise AssertionError(f"no `def {kernel}` at the top level of its cell"
+                             if re.search(rf"\bdef\s+{kernel}\s*\(", cell) else
+                             f"the text read as `{kernel}`'s cell does not define it: run the cell "
+                             "that defines the kernel again, then check()")
     kept, todo = set(), [kernel]
     while todo:
         name = todo.pop()
@@ -224,6 +238,10 @@ def require_gpu_build(learner: Any, kernel: str, builds: list[Build], advice: st
     cell = whole_cell(learner, kernel)
     if cell is None:
         raise AssertionError(f"`{kernel}` is not defined (run its cell first)")
+    if not cell.strip():
+        raise AssertionError(f"the source of `{kernel}` cannot be read, and the grader builds a "
+                             "kernel from its source: define it with @triton.jit in a cell of its "
+                             "own (not through exec or a string)")
     function = next((n for n in ast.walk(ast.parse(cell)) if isinstance(n, ast.FunctionDef) and n.name == kernel),
                     None)
     if function is not None and any(isinstance(n, ast.Raise) and "NotImplementedError" in ast.unparse(n)

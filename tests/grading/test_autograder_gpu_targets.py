@@ -210,3 +210,30 @@ def test_a_report_planted_in_the_cache_by_the_learners_process_is_never_read(tmp
     assert built["score"] == 0 and "would run on no GPU" in built["output"], built
     for path in planted:
         assert json.loads(open(path).read())["error"], f"{path} holds the planted report"
+
+
+def test_a_kernel_whose_cell_text_is_gone_is_built_from_its_own_text_or_said_unreadable(tmp_path,
+                                                                                      monkeypatch):
+    """In a notebook (check()), a kernel's cell is read from Python's line cache; where that text
+    is gone, the kernel's own text is built (as Triton read it, or from its file); where even
+    that is missing the test says the source cannot be read (not "no def at the top level")."""
+    import importlib.util
+    import types
+
+    from autograder.rules.gpu_targets import whole_cell
+    path = tmp_path / "kernel_cell.py"
+    path.write_text(KERNEL.replace("helper(tl.load", "(tl.load"))
+    spec = importlib.util.spec_from_file_location("kernel_cell", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    learner = types.SimpleNamespace(namespace={"double": module.double})
+    from autograder.rules import gpu_targets   # the cell's text gone from its line cache:
+    monkeypatch.setattr(gpu_targets, "linecache", types.SimpleNamespace(getlines=lambda *a: []))
+    cell = whole_cell(learner, "double")
+    assert "@triton.jit\ndef double(" in cell
+    build_source(cell, "double")   # buildable: no AssertionError
+    path.unlink()                  # and the kernel's own text gone too
+    if hasattr(module.double, "raw_src"):
+        module.double.raw_src = []
+    with pytest.raises(AssertionError, match="the source of `double` cannot be read"):
+        require_gpu_build(learner, "double", DOUBLE, "")
