@@ -265,6 +265,16 @@ def merge_softmax_states(m1, l1, o1, m2, l2, o2):
 #     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
 
 
+# %% grade_id: softmax_kernel | wrong: loads the tail as 0 and leaves it out of the sum only (the max still sees it: NaN where a row is all below 0)
+# expect: a 0 is the max of a row whose entries are all far below 0
+# replace:
+#     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
+#     p = tl.exp(x - tl.max(x, axis=0))
+# with:
+#     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+#     p = tl.where(mask, tl.exp(x - tl.max(x, axis=0)), 0.0)
+
+
 # %% grade_id: softmax_kernel | wrong: a Python loop over the elements of the row
 # expect: no Python loops over elements
 import triton
