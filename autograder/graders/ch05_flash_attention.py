@@ -545,6 +545,19 @@ def _tile_stats64(s64: torch.Tensor, n_tiles: int, padded_with=None):
     return m, torch.exp(tiles - m[..., None]).sum(-1)
 
 
+def _row_stride_used(written: torch.Tensor, rows: int, cols: int, stride: int) -> int | None:
+    """The row stride a store used when the entries ``written`` (a bool mask of the buffer) are
+    exactly rows x cols entries laid out with another stride than the buffer's ``stride``."""
+    if int(written.sum()) != rows * cols or bool(written[:rows, :cols].all()):
+        return None
+    flat = torch.nonzero(written.reshape(-1)).flatten()
+    for guess in range(cols, stride):
+        want = (torch.arange(rows)[:, None] * guess + torch.arange(cols)[None, :]).flatten()
+        if want.numel() == flat.numel() and torch.equal(want.sort().values, flat):
+            return guess
+    return None
+
+
 def _score_tile_hint(s, m, l, s64, scale) -> str | None:
     """The advice of the usual slip that the kernel's scores s or statistics (m, l) match."""
     (n_q, n_k), n_tiles = s64.shape, m.shape[1] - SPARE
@@ -613,9 +626,17 @@ def test_score_tile_kernel_writes_every_tile_and_nothing_else(learner, seed, cas
     m64, l64 = _tile_stats64(s64, n_tiles)
     name = (f"score_tile_kernel ({case}: {n_q} queries, {n_k} keys, HEAD_DIM {head_dim}, "
             f"BLOCK_M = BLOCK_N = {TILE})")
+    strides = {"scores": "stride_sm", "m": "stride_tm", "l": "stride_tm"}
     for what, buffer, cols in (("scores", s, n_k), ("m", m, n_tiles), ("l", l, n_tiles)):
         outside = torch.ones_like(buffer, dtype=torch.bool)
         outside[:n_q, :cols] = False
+        written = ~buffer.isnan()
+        wrong = _row_stride_used(written, n_q, cols, buffer.stride(0))
+        if wrong is not None:
+            raise AssertionError(
+                f"{name}: the {what} were stored {wrong} elements per row apart, but the rows of "
+                f"that buffer are {strides[what]} = {buffer.stride(0)} elements apart (it has spare "
+                f"columns): store row r's entries at r * {strides[what]} + column")
         if not buffer[outside].isnan().all():
             keys = " and key < n_keys" if what == "scores" else ""
             raise AssertionError(

@@ -599,6 +599,14 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
 # with:
 #              mask=row_ok[:, None])
 
+# %% grade_id: score_tile_kernel | wrong: the scores' rows stored n_keys apart (the row stride taken as the row's length), the store's mask right
+# expect: elements per row apart, but the rows of that buffer are stride_sm
+# replace:
+#     tl.store(s_ptr + rows[:, None] * stride_sm + keys[None, :], s,
+# with:
+#     tl.store(s_ptr + rows[:, None] * n_keys + keys[None, :], s,
+
+
 # %% grade_id: score_tile_kernel | wrong: forgets the scale
 # expect: multiply q kᵀ by scale (once)
 # replace:
