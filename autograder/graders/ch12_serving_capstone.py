@@ -53,9 +53,6 @@ RULE_HINTS = {
               "the blocks held, and stop when free_blocks runs out; a decode that finds no free "
               "block must preempt (the most recently admitted sequence) to make room",
 }
-STALL_HINT = ("no token was fed while requests waited: when every decode needs a block and none "
-              "is free, preempt the most recently admitted sequence (its private blocks come "
-              "back); a prompt longer than the token budget must be fed in chunks")
 
 _MODEL = None
 _RUNS: dict = {"key": None}   # the last learner's replays: one replay per trace serves 3 tests
@@ -110,7 +107,7 @@ def _stopped(run: dict) -> str | None:
     if mine.rule is not None:
         return head + f"illegal decision at {mine.error}\nHint: {RULE_HINTS[mine.rule]}"
     if "stalled" in mine.error:
-        return head + f"{mine.error}\nHint: {STALL_HINT}"
+        return head + f"{mine.error}\nHint: {mine.stall_cause}"
     return head + mine.error.replace("the policy failed: ScheduleFailed: ", "")
 
 

@@ -121,6 +121,7 @@ class Replay:
     error_step: int | None = None
     rule: str | None = None           # the broken rule of an illegal decision
     pool_problems: list[str] = field(default_factory=list)   # block-pool invariants broken
+    stall_cause: str | None = None    # what kept the engine from feeding any token, if it stalled
 
     @property
     def arrival(self) -> dict[str, int]:
@@ -216,10 +217,27 @@ def _replay(trace, policy, model, tokenizer, max_steps, stall_steps) -> Replay:
                 f"step {step}: stalled: no token was fed for {stall_steps} steps while "
                 f"{len(scheduler.running)} sequence(s) ran and {len(scheduler.waiting)} waited "
                 f"({engine.blocks.num_free_blocks} blocks free)"), step
+            result.stall_cause = stall_cause(scheduler, engine.blocks.num_free_blocks,
+                                             trace.max_num_batched_tokens)
             return result
     result.error, result.error_step = (f"step {max_steps}: the step limit was reached with "
                                        f"{len(result.unfinished)} request(s) unfinished"), max_steps
     return result
+
+
+def stall_cause(scheduler, free_blocks: int, budget: int) -> str:
+    """What kept a stalled engine from feeding any token, said as the fix: a waiting prompt
+    longer than the token budget with nothing running (it must be chunked), running sequences
+    that each need a block with none free (preempt), or waiting requests never admitted."""
+    left = max((s.num_prompt_tokens - s.num_computed for s in scheduler.waiting), default=0)
+    if not scheduler.running and left > budget:
+        return (f"a waiting prompt has {left} tokens left to feed, more than the token budget of "
+                f"{budget} a step: feed a long prompt in chunks of at most the budget")
+    if scheduler.running and free_blocks == 0:
+        return ("every running sequence needs a new block and none is free: preempt the most "
+                "recently admitted sequence (its private blocks come back)")
+    return ("requests waited while nothing was scheduled: admit a waiting request whose next "
+            "chunk fits the token budget and the free blocks")
 
 
 def pool_problems(blocks: BlockManager, holders: list[str]) -> list[str]:

@@ -27,6 +27,7 @@
 
 # %% grade_id: schedule | wrong: starves long prompts (admits only prompts that fit whole in the budget left)
 # expect: without a first token
+# expect: more than the token budget of
 # replace:
 #             n = min(left(seq), tokens)
 #             if blocks_needed(seq, n) > room:
