@@ -213,3 +213,4 @@ def test_service_level_against_the_course_scheduler(learner, seed, trace):
                              "every slot busy (admit as soon as a sequence finishes: continuous "
                              "batching), decodes first so a long prompt never stalls them, and "
                              "chunk prompts so the budget is used every step")
+    learner.note(table)   # the side-by-side table in every report, a passing one too
