@@ -1,13 +1,19 @@
 """Confining the sandbox worker before learner code runs (called by ``autograder.boundary.worker``):
-namespaced mounts, dropping to an unprivileged user and capabilities, Landlock rules.
-Linux only; every step that fails raises ``OSError`` naming it.
+namespaced mounts, dropping to an unprivileged user and capabilities, Landlock rules, a seccomp
+filter on network sockets. Linux only; every step that fails raises ``OSError`` naming it.
 """
 from __future__ import annotations
 
 import ctypes
 import errno as errno_module
 import os
+import socket
 from pathlib import Path
+
+try:   # libseccomp through its ctypes binding, loaded here, before any confinement
+    import pyseccomp
+except (ImportError, OSError):   # no libseccomp on this machine: close_network says so
+    pyseccomp = None
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 1, 2, 4, 8, 4096, 16384
@@ -130,6 +136,27 @@ REFER, TRUNCATE = 1 << 13, 1 << 14
 class _PathBeneath(ctypes.Structure):
     _pack_ = 1
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+
+# Socket families that reach a network: IPv4, IPv6, raw packets. Unix sockets (socketpair, which
+# asyncio and torch use within the process) stay.
+NETWORK_FAMILIES = (socket.AF_INET, socket.AF_INET6, socket.AF_PACKET)
+
+
+def close_network() -> bool:
+    """Install a seccomp filter on this process and its children: creating a socket of
+    ``NETWORK_FAMILIES`` fails with EACCES, and so does setting up io_uring (whose requests can
+    make sockets without the socket call). Closes the network where no network namespace can be
+    made (Docker's default permissions). False when libseccomp is missing."""
+    if pyseccomp is None:
+        return False
+    refuse = pyseccomp.ERRNO(errno_module.EACCES)
+    rules = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
+    for family in NETWORK_FAMILIES:
+        rules.add_rule(refuse, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
+    rules.add_rule(refuse, "io_uring_setup")
+    rules.load()
+    return True
 
 
 def landlock_abi() -> int:

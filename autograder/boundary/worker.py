@@ -43,7 +43,7 @@ import torch
 from torch.nn import functional as F
 from torch import Tensor
 
-from autograder.boundary.confine import drop_privileges, landlock, lock_down, readable
+from autograder.boundary.confine import close_network, drop_privileges, landlock, lock_down, readable
 from autograder.boundary.causes import describe, learner_frame
 from autograder.boundary.compiling import serve
 from autograder.boundary.guard import (CallWork, ForbiddenOperationError, Guard, limits_paused,
@@ -306,6 +306,10 @@ def run(config: dict) -> None:
         isolation.append("Triton kernels interpreted (no GPU inside the sandbox)")
     restrict(config["memory_mb"], config["memory_limit"],
              config["max_processes"] if config["uid"] is not None else None)
+    if close_network():
+        isolation.append("no network sockets (seccomp)")
+    elif not config["lockdown"]:
+        isolation.append("network reachable (no network namespace, no libseccomp)")
     problem = check_imports(config.get("check_imports", []))
     if problem is not None:
         print(problem, file=sys.stderr, flush=True)   # in the grader's log, should this fail

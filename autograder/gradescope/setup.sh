@@ -6,7 +6,8 @@ set -euo pipefail
 cd /autograder/source
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq --no-install-recommends python3 python3-venv util-linux >/dev/null
+# util-linux: setpriv (the sandbox user); libseccomp2: the filter that closes network sockets
+apt-get install -y -qq --no-install-recommends python3 python3-venv util-linux libseccomp2 >/dev/null
 python3 -m venv /autograder/venv
 /autograder/venv/bin/pip install --no-cache-dir --upgrade pip
 # The CPU build of torch (no CUDA libraries to download), the version the course is tested with.

@@ -86,6 +86,10 @@ def attacks(out: Path, standin: Path) -> dict[str, str]:
                            "    return a + b",
         "kill_parent": "import os\ndef kill_parent(a, b):\n    os.kill(os.getppid(), 9)\n"
                        "    return a - b",
+        # a socket on the Internet's families: closed by the network namespace (mode 1) or, where
+        # none can be made, by the seccomp filter (mode 2)
+        "network": "import socket\ndef network(a, b):\n    s = socket.socket(socket.AF_INET)\n"
+                   "    s.bind(('127.0.0.1', 0))\n    s.close()\n    return a + b",
         "write_site_packages": f"def write_site_packages(a, b):\n"
                                f"    open({str(LEFTOVERS[0])!r}, 'w').write('import os\\n')\n"
                                "    return a + b",
@@ -353,7 +357,8 @@ def test_without_cap_sys_admin_the_unprivileged_user_sandbox_holds(tmp_path_fact
     assert "unprivileged user" in found["results"]["hostile"]["output"]
     assert found["left"] == [] and found["standin"] == "#!/bin/sh\necho grading\n"
     rows = found["rows"]["hostile"]
-    assert rows["honest"] == "1"
+    assert rows["honest"] == "1" and rows["network"] == "0"   # no network namespace: seccomp
+    assert "no network sockets (seccomp)" in found["results"]["hostile"]["output"]
     if landlock_abi():  # writes and reads of the grader's files are refused by Landlock
         assert rows["total"] == "1"
     else:  # the reference sources stay readable, /var/tmp writable (and cleaned afterwards)

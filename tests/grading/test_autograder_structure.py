@@ -17,7 +17,8 @@ ROOT = Path(autograder.__file__).resolve().parent
 # The worker side of autograder/boundary/ and the wire both sides share (boundary/__init__.py).
 WORKER_SIDE = {"forkserver", "worker", "confine", "guard", "proxies", "launching", "traffic",
                "audit", "exits", "causes", "compiling", "protocol", "refs"}
-THIRD_PARTY = {"torch", "numpy", "triton"}   # what the worker side may import besides stdlib
+# what the worker side may import besides stdlib (pyseccomp: libseccomp's binding, confine.py)
+THIRD_PARTY = {"torch", "numpy", "triton", "pyseccomp"}
 FRONT_ENDS = {"cli", "grading", "report", "local", "notebook", "source_notebook",
               "gradescope_zip", "bench", "learner", "sandbox"}
 
@@ -41,7 +42,7 @@ def imports_of(path: Path) -> set[str]:
 
 def worker_side_violations(root: Path) -> list[str]:
     """``module -> import`` for each import of a worker-side module of the package at ``root``
-    that is neither the standard library, torch/numpy/triton, nor another worker-side module."""
+    that is neither the standard library, ``THIRD_PARTY``, nor another worker-side module."""
     own = {f"autograder.boundary.{m}" for m in WORKER_SIDE}
     wrong = []
     for name in sorted(WORKER_SIDE):
