@@ -25,12 +25,14 @@ CACHE_METHODS = {"append", "read", "truncate", "length", "max_len", "nbytes"}
 @dataclass(frozen=True)
 class Forward:
     """One model call seen by the grader: input shape, which cache (``None``: no cache), the
-    cache's length before the call, and which model ran it (its id in the store; every cache,
-    the grader's or one the learner made with ``new_cache``, is recorded alike)."""
+    cache's length before the call, which model ran it (its id in the store; every cache, the
+    grader's or one the learner made with ``new_cache``, is recorded alike), and the token ids
+    it was fed (the first sequence of the batch)."""
     shape: tuple[int, ...]
     cache: int | None
     cache_length: int
     model: int = 0
+    tokens: tuple[int, ...] = ()
 
 
 class ReferenceStore:
@@ -152,7 +154,8 @@ class ReferenceStore:
         length = int(cache.length) if cache is not None else 0
         key = next((k for k, o in self.objects.items() if o is cache), None)
         model_key = next(k for k, o in self.objects.items() if o is model)
-        self.trace.append(Forward(tuple(input_ids.shape), key, length, model_key))
+        self.trace.append(Forward(tuple(input_ids.shape), key, length, model_key,
+                                  tuple(int(t) for t in input_ids[0].tolist())))
         return model(input_ids.long(), positions, cache)
 
 

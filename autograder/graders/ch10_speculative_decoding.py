@@ -190,6 +190,42 @@ def _check_verification(target_forwards: list, k: int) -> None:
                              "ONE pass and keep the drafts up to the first it disagrees with")
 
 
+def _check_drafts_and_rollback(target_forwards: list, prompt: list[int], target_seed: int,
+                               draft_seed: int) -> None:
+    """Every part of the technique, pass by pass: what a verification pass feeds after the last
+    kept token are the draft model's own greedy proposals from the kept context (not guesses
+    from anywhere else); the target's cache is cut back to the kept tokens before the next pass
+    (the agreeing drafts and nothing after: the rollback); the kept tokens follow the greedy
+    rule (the drafts up to the first the target disagrees with)."""
+    target, draft = build_tiny(target_seed), build_tiny(draft_seed)
+    cached: list[int] = []             # what the target's cache holds, replayed from the trace
+    expected_length = None
+    for number, f in enumerate(target_forwards):
+        if expected_length is not None and f.cache_length != expected_length:
+            raise AssertionError(
+                f"target pass {number}: its cache held {f.cache_length} tokens, but after the last "
+                f"verification {expected_length} were kept (the context and the agreeing drafts). "
+                f"{ROLLBACK}")
+        context = cached[:f.cache_length]
+        fed = list(f.tokens)
+        if f.cache_length == 0 and fed in (list(prompt), list(prompt[:-1])):   # the prefill
+            cached, expected_length = fed, len(fed)
+            continue
+        drafts = fed[1:]
+        if drafts:
+            proposed = generate(draft, context + fed[:1], len(drafts))
+            if drafts != proposed:
+                raise AssertionError(
+                    f"target pass {number} verified {drafts}, but the draft model proposes "
+                    f"{proposed} from the kept tokens: a verification pass feeds the last kept "
+                    "token and the draft model's k greedy proposals, exactly those")
+        logits = target(torch.tensor([context + fed]))[0, len(context):]
+        verdicts = logits.argmax(-1).tolist()   # the target's token after each fed position
+        accepted = next((i for i, (d, t) in enumerate(zip(drafts, verdicts)) if d != t), len(drafts))
+        cached = context + fed
+        expected_length = len(context) + 1 + accepted
+
+
 @exercise("speculative_generate", points=10, timeout=60)
 def test_speculative_generate_equals_greedy_decoding(learner, seed):
     """Output equal to the target's greedy tokens with a draft that always agrees (the bonus
@@ -204,6 +240,7 @@ def test_speculative_generate_equals_greedy_decoding(learner, seed):
         assert_equal_tokens(got, generate(target, prompt, n_new),
                             name=f"speculative_generate with {what}, k={k}", hint=ROLLBACK)
         _check_verification(target_forwards, k)
+        _check_drafts_and_rollback(target_forwards, prompt, seed, draft_seed)
 
 
 @exercise("speculative_generate", points=10, timeout=60)
