@@ -156,11 +156,17 @@ class CallWork:
 
     ``scalar_reads``: values read out of tensors one at a time as Python numbers (``float(t)``,
     ``.item()``, ``int(t)``, ``bool(t)``: ``aten._local_scalar_dense``), whose arithmetic in
-    Python the counts above do not see."""
+    Python the counts above do not see.
+
+    ``allocated_bytes``: the bytes of every tensor the call's operations made (an output that is
+    no view of an input: torch's schema says which; a tensor made from Python values too), in
+    total: a property such as "an append writes only its new tokens" is judged on this sum, which
+    a copy cut into small pieces cannot hide under the largest allocation."""
     matmul_flops: int = 0
     exp_elements: int = 0
     elementwise_flops: int = 0
     scalar_reads: int = 0
+    allocated_bytes: int = 0
 
     @property
     def product_flops(self) -> int:
@@ -178,7 +184,7 @@ class CallWork:
                       for key in WORK_FIELDS})
 
 
-WORK_FIELDS = ("matmul_flops", "exp_elements", "elementwise_flops", "scalar_reads")
+WORK_FIELDS = ("matmul_flops", "exp_elements", "elementwise_flops", "scalar_reads", "allocated_bytes")
 
 
 def _distinct(t: torch.Tensor) -> int:
@@ -330,8 +336,8 @@ def _limit_mode():
                 name = operation_name(func)
                 verdict = self.verdicts[func] = (name in self.allowed, _PRODUCT_FLOPS.get(name),
                                                  _EXP_ELEMENTS.get(name), name in LIFTS,
-                                                 name == "aten._local_scalar_dense")
-            allowed, flops, exps, lift, read = verdict
+                                                 name == "aten._local_scalar_dense", _fresh(func))
+            allowed, flops, exps, lift, read, fresh = verdict
             if _PAUSED[0]:
                 return func(*args, **(kwargs or {}))
             if types:   # only plain tensors here: a subclass's handler runs with this mode off
@@ -347,6 +353,8 @@ def _limit_mode():
             made = out.untyped_storage().nbytes() if lift else \
                 _allocated(out, args, kwargs, self.largest)
             self.largest = max(self.largest, made)
+            if lift or fresh:
+                self.work.allocated_bytes += sum(s.nbytes() for s in _storages(out))
             if flops is not None:
                 matmul, elementwise = flops(args, kwargs or {}, out)
                 self.work.matmul_flops += matmul
@@ -362,6 +370,13 @@ def _limit_mode():
     eval_frame.set_code_exec_strategy(OperationLimit.__torch_dispatch__.__code__,
                                       eval_frame._FrameExecStrategy(skip, skip))
     return OperationLimit
+
+
+def _fresh(func: Any) -> bool:
+    """Whether every output of the operation is new memory, no view or in-place result of an
+    input (its schema's returns carry no alias annotation)."""
+    schema = getattr(func, "_schema", None)
+    return schema is not None and all(r.alias_info is None for r in schema.returns)
 
 
 def _storages(value: Any) -> list:

@@ -313,6 +313,12 @@ def _check_buffer_values(buffers: dict, expected: dict, filled: list[int], insta
                     "its T tokens at positions len..len+T-1 of its own layer and nothing else")
 
 
+# The tensors an append may make, in total over the appends, per byte of new tokens given: one
+# copy of them (a conversion to the buffer's dtype, a contiguous copy); more means the tokens
+# already held are copied too (an in-place write into the buffer makes none).
+APPEND_SLACK = 1
+
+
 @exercise("KVCache", points=4)
 def test_kvcache_appends_write_into_the_buffers(learner, seed):
     """The prerequisite (``PrerequisiteFailed``): the data lives in self.k / self.v. Appends of
@@ -330,6 +336,7 @@ def test_kvcache_appends_write_into_the_buffers(learner, seed):
     _buffers_at_construction(learner, cache, full)
     expected = {name: torch.zeros(full, dtype=torch.float64) for name in ("k", "v")}
     filled, installed = [0] * n_layers, False
+    appended = allocated = 0   # bytes of new tokens given, bytes the appends' operations made
     n_appends = randint(gen, 8, 12)
     swaps = {randint(gen, 1, 3), randint(gen, 5, n_appends - 2)}
     for step in range(n_appends):
@@ -374,6 +381,18 @@ def test_kvcache_appends_write_into_the_buffers(learner, seed):
                 "(clone, torch.cat, slice_scatter...) where it should write its few tokens into "
                 "the preallocated buffer in place, self.k[layer, :, :, pos:pos + T] = k. That "
                 "copy is the quadratic cost a KV cache exists to remove", rule=BUFFER_RULE)
+        work = getattr(learner, "last_call_work", None)
+        appended += 2 * k.numel() * k.element_size()
+        allocated += work.allocated_bytes if work is not None else 0
+        if allocated > APPEND_SLACK * appended + 1024:   # + a few scalars
+            raise PrerequisiteFailed(
+                f"{what}: the appends so far made {allocated} bytes of new tensors for {appended} "
+                "bytes of new tokens: each append copies what the cache already holds (a "
+                "torch.cat of the old tokens and the new, a clone, a slice_scatter), a few tokens "
+                "at a time or all at once. Write the new tokens into the preallocated buffer in "
+                "place, self.k[layer, :, :, pos:pos + T] = k: an append's cost must not grow with "
+                "the tokens already held (that growth is the quadratic cost a KV cache removes)",
+                rule=BUFFER_RULE)
         expected["k"][layer, :, :, start:filled[layer]] = k
         expected["v"][layer, :, :, start:filled[layer]] = v
         buffers = _buffers_after(learner, cache, expected, installed, what)

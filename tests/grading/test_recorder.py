@@ -527,3 +527,22 @@ def test_another_cell_cannot_switch_the_operation_recorder_off(attack):
     finally:
         learner.close()
 
+
+
+def test_the_bytes_a_call_allocates_are_counted_in_total():
+    """Every new tensor an operation makes counts in ``work.allocated_bytes`` (a view, an in-place
+    write and a copy into an existing tensor do not): a copy cut into small pieces adds up to
+    the whole, which the largest allocation alone never shows."""
+    from autograder.boundary.guard import operation_limit
+    from autograder.rules.operations import BASIC
+    x, buffer = torch.randn(6, 8), torch.zeros(6, 8)
+    limit = operation_limit(BASIC)
+    with limit:
+        x[:, :2].transpose(0, 1)               # views: nothing made
+        buffer[:, :4] = x[:, :4]               # a copy into the buffer: nothing made
+        x.add_(1)                              # in place: nothing made
+        pieces = [x[i:i + 2] * 1.0 for i in range(0, 6, 2)]   # three pieces of 2 x 8
+        torch.cat(pieces)                      # and their concatenation, 6 x 8
+        torch.tensor([1.0, 2.0])               # a tensor from Python values: 2 x 4 bytes
+    assert limit.work.allocated_bytes == 3 * 2 * 8 * 4 + 6 * 8 * 4 + 2 * 4
+    assert limit.largest == 6 * 8 * 4

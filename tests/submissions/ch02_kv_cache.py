@@ -659,3 +659,14 @@ def cached_generate(model, prompt_ids, n_new, cache):
 #             buffer.copy_(copy)
 #         self.k[layer, :, :, start:stop] = k
 #         self.v[layer, :, :, start:stop] = v
+
+
+# %% grade_id: KVCache | cheat: each append copies the layer's held tokens and the new ones with torch.cat and writes them back (every copy smaller than a whole buffer, so the largest allocation never shows it; the total does)
+# expect: each append copies what the cache already holds
+# expect score: 0
+# replace:
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+# with:
+#         self.k[layer, :, :, :stop] = torch.cat([self.k[layer, :, :, :start], k], dim=2)
+#         self.v[layer, :, :, :stop] = torch.cat([self.v[layer, :, :, :start], v], dim=2)
