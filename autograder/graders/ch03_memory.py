@@ -183,6 +183,9 @@ def _check_gqa(learner, gen, B, Hq, Hkv, T, S, D, causal):
     assert_close(got, expected, name=call, rtol=1e-4, atol=1e-5, hint=_gqa_hint(got, q, k, v, causal))
 
 
+SOFTMAX_TENSORS = 6   # tensors of the scores' size a softmax by hand may make (s, s - m, exp, p, ...)
+
+
 def _require_no_copy_per_head(learner, q, k, call):
     """No copy of K or V per query head, on every size, not only on the large case a cell could
     recognise: the largest tensor the call allocated (``learner.largest_allocation``, a tensor
@@ -200,6 +203,19 @@ def _require_no_copy_per_head(learner, q, k, call):
             f"{needed}: share each K/V head with its group of query heads without copying it, "
             "on every input, small ones too (a copy built from Python values counts too)",
             rule="no copy of K or V per query head")
+    # In total too: K copied for one query head at a time (k[:, h // group] * 1.0 in a loop over
+    # the heads) never makes a large tensor, but makes as many bytes. What grouping makes in all:
+    # the scores and their softmax (a few tensors of [B, Hq, T, S]) and the output.
+    work = getattr(learner, "last_call_work", None)
+    made = work.allocated_bytes if work is not None else 0
+    grouped = q.element_size() * B * Hq * T * (SOFTMAX_TENSORS * S + 2 * D) + 4096
+    if Hq > k.shape[1] and 2 * copies > grouped and made >= 2 * copies:
+        raise PrerequisiteFailed(
+            f"{call} made {made} bytes of tensors in all, as many as K and V copied for each of "
+            f"the {Hq} query heads ({2 * copies} bytes), where grouping makes about {grouped}: "
+            "a copy of a K/V head for every query head costs the same bytes whether it is made "
+            "at once or one head at a time; let the group's query heads share it (reshape them "
+            "into the rows of one matmul)", rule="no copy of K or V per query head")
 
 
 @exercise("gqa_attention", points=3, forbid=FORBIDDEN_ATTENTION, memory_mb=GQA_MEMORY_MB)

@@ -177,6 +177,27 @@ def gqa_attention(q, k, v, causal=False):
     return out
 
 
+# %% grade_id: gqa_attention | cheat: K and V copied for each query head by arithmetic (k[:, h // group] * 1.0, no copying operation), one head at a time, each copy small
+# expect: as many as K and V copied for each of the
+# expect score: 0
+def gqa_attention(q, k, v, causal=False):
+    B, Hq, T, D = q.shape
+    S, group = k.shape[2], Hq // k.shape[1]
+    allowed = torch.arange(S)[None, :] <= torch.arange(T)[:, None] + (S - T)
+    out = []
+    for h in range(Hq):
+        kh, vh = k[:, h // group] * 1.0, v[:, h // group] * 1.0          # this head's copies
+        scores = q[:, h] @ kh.transpose(-1, -2) / math.sqrt(D)
+        if causal:
+            scores = scores.masked_fill(~allowed, float("-inf"))
+        weights = torch.exp(scores - scores.amax(-1, keepdim=True))
+        out.append((weights / weights.sum(-1, keepdim=True)) @ vh)
+    result = q.new_zeros(B, Hq, T, D)                                       # heads put in place
+    for h, o in enumerate(out):                                             # by arithmetic too
+        result = result + o[:, None] * (torch.arange(Hq) == h).view(1, Hq, 1, 1)
+    return result
+
+
 # %% grade_id: gqa_attention | wrong: causal mask anchored at the first key (query i sees keys 0..i)
 # expect: the LAST T positions
 # replace:
