@@ -31,7 +31,8 @@ is not are shut by what they are, at run time (the static look refuses their nam
   ``asyncio.to_thread``) and another process (the ``os.fork``, ``os.posix_spawn``,
   ``subprocess.Popen``, ``os.system`` and ``os.exec`` audit events): refused while learner
   code runs, however deep in a library the start is made, cells included (a thread or a
-  process started at a cell's load would take work from the calls later);
+  process started at a cell's load would take work from the calls later); a kernel launch
+  excepted (``launching``: Triton's compiler runs ptxas where it builds for a GPU);
 - torch's dispatch switches (``SWITCHES``: the mode stack popped or replaced, the Python
   dispatch key excluded, a kernel registered for an operation, an operation redispatched
   below the modes), wherever ``torch`` holds them: refused while learner code runs, however
@@ -48,8 +49,10 @@ printing a tensor), is left alone.
 from __future__ import annotations
 
 import _thread
+import contextlib
 import sys
 import threading
+from typing import Iterator
 
 import torch
 
@@ -127,16 +130,31 @@ def _switch(name: str, original):
     return switch
 
 
+_LAUNCHING = [0]   # > 0 while a Triton kernel is launched: its compiler may start processes
+
+
+@contextlib.contextmanager
+def launching() -> Iterator[None]:
+    """The block launches a kernel: where Triton compiles it for a GPU, its compiler (ptxas) runs
+    as a process, and may use threads; a kernel cell is Triton code only (``kernel_rules``), so
+    nothing of the learner's starts them there."""
+    _LAUNCHING[0] += 1
+    try:
+        yield
+    finally:
+        _LAUNCHING[0] -= 1
+
+
 def _thread_start(original):
     def start_new_thread(*args, **kwargs):
-        if audit.learner_running():
+        if audit.learner_running() and not _LAUNCHING[0]:
             _refuse_route(ANOTHER_THREAD, "a new thread")
         return original(*args, **kwargs)
     return start_new_thread
 
 
 def _process_hook(event: str, args: tuple) -> None:
-    if event in PROCESS_EVENTS and audit.learner_running():
+    if event in PROCESS_EVENTS and audit.learner_running() and not _LAUNCHING[0]:
         _refuse_route(ANOTHER_PROCESS, f"a new process ({event})")
 
 

@@ -210,7 +210,7 @@ class Worker:
                     raise PermissionError(
                         f"a cell changed Triton's interpreter ({', '.join(changed[:4])}): the "
                         "grader counts a kernel's loads and stores there, so no kernel is launched")
-                with audit.learner_code():
+                with audit.learner_code(), exits.launching():
                     after, self.traffic = launch(kernel, request["grid"], args, kwargs)
                 return self.side.result(after)
             if "handle" in request:
