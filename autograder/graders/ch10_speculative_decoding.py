@@ -163,8 +163,8 @@ def _run(learner, seed: int, draft_seed: int, prompt: list[int], n_new: int, k: 
     except LearnerError as exc:
         if "KV cache full" not in str(exc):
             raise
-        raise AssertionError(f"speculative_generate: {exc}. The target's cache filled up: "
-                             f"{ROLLBACK}") from None
+        raise AssertionError(f"speculative_generate: {exc}. A cache filled up: {ROLLBACK}; cut "
+                             "the draft's cache back to the kept tokens too") from None
     if any(f.cache is None for f in learner.trace):
         raise AssertionError("a forward ran without a cache: pass cache=target_cache or "
                              "cache=draft_cache to every model call")

@@ -103,7 +103,7 @@ from reference.speculative import tree_attention_mask  # noqa: F401
 
 
 # %% grade_id: speculative_generate | wrong: never rolls the target's cache back
-# expect: The target's cache filled up
+# expect: A cache filled up
 # replace:
 #         target_cache.truncate(len(tokens) - 1)
 # with:
@@ -158,3 +158,14 @@ def speculative_generate(target, draft, prompt_ids, n_new, k, target_cache, draf
 #             feed = [token]
 # with:
 #         drafts = [tokens[-1]] * n_draft                  # guesses: the draft model is never asked
+
+
+# %% grade_id: speculative_generate | wrong: never rolls the draft's cache back (its proposals after a rejection come from a context holding the rejected drafts; the target still makes the output right, so only the drafts show it)
+# expect: cut the draft's cache back to the kept tokens too
+# replace:
+#         draft_cache.truncate(min(draft_cache.length, len(tokens) - 1))
+#         if draft_cache.length < len(tokens) - 1:  # all drafts kept: the last one was never fed
+#             draft(torch.tensor([tokens[draft_cache.length:-1]]), cache=draft_cache)
+# with:
+#         if draft_cache.length < len(tokens) - 1:  # all drafts kept: the last one was never fed
+#             draft(torch.tensor([tokens[draft_cache.length:-1]]), cache=draft_cache)
