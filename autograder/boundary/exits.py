@@ -158,15 +158,16 @@ def _process_hook(event: str, args: tuple) -> None:
         _refuse_route(ANOTHER_PROCESS, f"a new process ({event})")
 
 
-def _replace_everywhere(original, replacement) -> None:
-    """Put ``replacement`` wherever a loaded module of torch holds ``original`` (``from torch._C
-    import X`` made copies)."""
+def _replace_everywhere(replacements: dict) -> None:
+    """Wherever a loaded module of torch holds a key of ``replacements`` (by identity: ``from
+    torch._C import X`` made copies), put its value there instead; one pass over the modules."""
+    by_id = {id(original): replacement for original, replacement in replacements.items()}
     for name, module in list(sys.modules.items()):
         if module is None or not (name == "torch" or name.startswith("torch.")):
             continue
         for attr, value in list(vars(module).items()):
-            if value is original:
-                setattr(module, attr, replacement)
+            if id(value) in by_id:
+                setattr(module, attr, by_id[id(value)])
 
 
 def _counted(where: str, original):
@@ -208,10 +209,8 @@ def install() -> None:
         name = where.rsplit(".", 1)[1]
         setattr(torch.Tensor, name, _counted(where, getattr(torch.Tensor, name)))
     import torch.utils._python_dispatch  # noqa: F401 - its copies of the switches are replaced too
-    for name in SWITCHES:
-        original = getattr(torch._C, name, None)
-        if original is not None:
-            _replace_everywhere(original, _switch(name, original))
+    originals = {name: getattr(torch._C, name) for name in SWITCHES if hasattr(torch._C, name)}
+    _replace_everywhere({original: _switch(name, original) for name, original in originals.items()})
     handle = torch._C._DispatchOperatorHandle
     handle.redispatch_boxed = _switch("_DispatchOperatorHandle.redispatch_boxed", handle.redispatch_boxed)
     threading._start_new_thread = _thread.start_new_thread = _thread_start(_thread.start_new_thread)
