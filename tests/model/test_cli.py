@@ -4,6 +4,7 @@ import sys
 
 import pytest
 
+from cli_runs import in_process
 from reference.__main__ import main
 
 
@@ -34,13 +35,10 @@ def test_bad_input_through_the_real_entry_point_is_one_line_and_exit_2():
     assert len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
-def run_in_process(capsys, argv: list[str]) -> tuple[int, str]:
+def run_in_process(argv: list[str]) -> tuple[int, str]:
     """(exit code, stderr) of `python -m reference generate ARGV`, without starting a process."""
-    try:
-        code = main(["generate", *argv])
-    except SystemExit as exit_:  # argparse's own errors
-        code = exit_.code
-    return code, capsys.readouterr().err
+    run = in_process(main, "generate", *argv)
+    return run.returncode, run.stderr
 
 
 @pytest.mark.parametrize("args, message", [
@@ -57,8 +55,8 @@ def run_in_process(capsys, argv: list[str]) -> tuple[int, str]:
     (["hi", "--model", "tiny", "--temperature", "warm"], "invalid float value"),
     (["hi", "--model", "tiny", "--threads", "0"], "must be >= 1"),
 ])
-def test_bad_input_is_one_line_and_exit_2(capsys, args, message):
-    code, err = run_in_process(capsys, args)
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    code, err = run_in_process(args)
     assert code == 2
     assert message in err and "Traceback" not in err
     assert len(err.strip().splitlines()) == 1, err
