@@ -93,12 +93,12 @@ def accept_counts(p, q, n, gen):
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_accept_step_emits_the_target_distribution(seed):
-    """100k draws x ~ q through speculative_accept: the tokens follow p, the acceptances alpha."""
+    """30k draws x ~ q through speculative_accept: the tokens follow p, the acceptances alpha."""
     gen = torch.Generator().manual_seed(seed)
     p, q = toy_pair(gen)
-    n = 100_000
+    n = 30_000
     counts, accepted = accept_counts(p, q, n, gen)
-    assert 0.5 * (counts / n - p.double()).abs().sum() < 0.01
+    assert 0.5 * (counts / n - p.double()).abs().sum() < 0.015   # noise over <= 8 tokens: ~0.006
     assert chi_square_p_value(counts, p.double()) > 1e-3
     alpha = acceptance_rate(p, q)
     assert abs(accepted / n - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / n)
@@ -313,14 +313,14 @@ def story_first_token(model, tok):
 
 
 def test_real_model_first_sampled_token_has_the_targets_distribution(real_model):
-    """SmolLM2 with layer-skip drafts (story_first_token): 100k first tokens through the accept
+    """SmolLM2 with layer-skip drafts (story_first_token): 30k first tokens through the accept
     step follow p."""
     p, q = story_first_token(*real_model)
-    n, gen = 100_000, torch.Generator().manual_seed(0)
+    n, gen = 30_000, torch.Generator().manual_seed(0)
     counts, accepted = accept_counts(p, q, n, gen)
     alpha = acceptance_rate(p, q)
     assert 0.2 < alpha < 0.8, "a drafter that is neither useless nor perfect"
-    assert 0.5 * (counts / n - p).abs().sum() < 0.01
+    assert 0.5 * (counts / n - p).abs().sum() < 0.02   # noise over its ~10 tokens: ~0.007
     assert chi_square_p_value(counts, p) > 1e-3
     assert abs(accepted / n - alpha) < 4 * math.sqrt(alpha * (1 - alpha) / n)
 

@@ -131,8 +131,8 @@ def first_two_tokens(rule, P, Q, gen, n, widths=(3, 2), iid=True):
 def test_toy_tree_emits_the_targets_first_two_tokens(iid):
     P, Q, gen = bigram_pair(11)
     joint = (P[0][:, None] * P).flatten()
-    counts = first_two_tokens(accept_tree, P, Q, gen, 30_000, iid=iid)
-    assert tv(counts, joint) < 0.025          # noise over 36 cells at 30k draws: about 0.015
+    counts = first_two_tokens(accept_tree, P, Q, gen, 10_000, iid=iid)
+    assert tv(counts, joint) < 0.04           # noise over 36 cells at 10k draws: about 0.024
     assert chi_square_p_value(counts, joint) > 1e-3
 
 
@@ -151,7 +151,7 @@ def test_smollm2_first_token_from_a_tree_of_layer_skip_drafts(real_model):
     rule's first tokens follow p, the naive rule's do not. The rows after the siblings only draw
     the second token, which is not counted: uniform rows stand in for them."""
     p0, q0 = story_first_token(*real_model)
-    vocab, gen, n, m = p0.shape[0], torch.Generator().manual_seed(5), 30_000, 3
+    vocab, gen, n, m = p0.shape[0], torch.Generator().manual_seed(5), 10_000, 3
     rows = torch.cat([p0[None], torch.full((m, vocab), 1.0 / vocab, dtype=torch.float64)])
     counts = {rule: torch.zeros(vocab, dtype=torch.float64) for rule in (accept_tree, naive_accept_tree)}
     for rule, c in counts.items():
@@ -159,7 +159,7 @@ def test_smollm2_first_token_from_a_tree_of_layer_skip_drafts(real_model):
             tokens = torch.multinomial(q0, m, replacement=True, generator=gen).tolist()
             c[rule(rows, tokens, [-1] * m, q0.expand(m, vocab), gen)[0][0]] += 1
     assert 0.2 < sum(min(a, b) for a, b in zip(p0.tolist(), q0.tolist())) < 0.8   # a drafter worth testing
-    assert tv(counts[accept_tree], p0) < 0.015
+    assert tv(counts[accept_tree], p0) < 0.025     # noise over its ~10 tokens at 10k: ~0.013
     assert chi_square_p_value(counts[accept_tree], p0) > 1e-3
     assert tv(counts[naive_accept_tree], p0) > 0.1
     assert chi_square_p_value(counts[naive_accept_tree], p0) < 1e-9
