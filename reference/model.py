@@ -315,7 +315,7 @@ def read_gguf(path: Path):
     memmap's Python hooks, about 3 s in all. The reader below holds a plain ndarray view of the
     same map instead: the same bytes, read in under a second."""
     import numpy
-    from gguf import GGUFReader
+    from gguf.gguf_reader import GGUFReader   # the class, even where `gguf.GGUFReader` is replaced
 
     class PlainArrayReader(GGUFReader):
         @property

@@ -118,11 +118,11 @@ def naive_generate(model, prompt_ids, n_new):
 
 
 def run_autograder(zip_path: Path, root: Path, files: dict[str, str | bytes],
-                   mode: str = "unshare", prepare=None) -> dict:
+                   mode: str = "unshare", prepare=None, strays: bool = False) -> dict:
     """Install the zip under ``root``, put ``files`` in the submission, leave a forged stale
     results.json, run ``run_autograder``; return the results it leaves (checked against the
-    spec), read again after any stray process had time to rewrite them. ``prepare(root)``
-    may change the installation first."""
+    spec), where the submission starts processes of its own (``strays``), read after they had
+    two seconds to rewrite them. ``prepare(root)`` may change the installation first."""
     install(zip_path, root)
     if prepare:
         prepare(root)
@@ -138,7 +138,8 @@ def run_autograder(zip_path: Path, root: Path, files: dict[str, str | bytes],
                          text=True, timeout=300, env={"PATH": os.environ["PATH"],
                                                       "HOME": str(root), "AUTOGRADER_ROOT": str(root)})
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
-    time.sleep(2)
+    if strays:
+        time.sleep(2)   # the hostile daemon rewrites results.json every 0.5 s while it lives
     results = json.loads((root / "results" / "results.json").read_text())
     follows_spec(results)
     assert "FORGED" not in results.get("output", ""), results
@@ -223,7 +224,7 @@ def test_hostile_submission_scores_zero_on_its_exercises_and_forges_nothing(zip_
                                                                             mode):
     root = tmp_path / "autograder"
     results = run_autograder(zip_path, root, {"mallory.ipynb": notebook_text(
-        hostile_sources(root))}, mode)
+        hostile_sources(root))}, mode, strays=True)
     scores = exercise_scores(results)
     assert results["score"] <= 3, results   # at most the honest causal_attention
     for gid in ("naive_work", "naive_generate"):

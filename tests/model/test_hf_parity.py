@@ -17,13 +17,10 @@ def models(real_model, hf_peer):
 
 @pytest.mark.slow
 def test_tokenizer_matches_hf(models):
-    from transformers import AutoTokenizer
-
-    from reference.model import gguf_path
+    from reference.bench.hf_peer import load_hf_tokenizer
 
     _, tok, _ = models
-    path = gguf_path()
-    hf_tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    hf_tok = load_hf_tokenizer()
     texts = PROMPTS + ["In 1984, 12345 people said:\n\thello   world!!",
                        "<|im_start|>user\nnaïve café – 東京<|im_end|>\n"]
     for text in texts:
