@@ -23,6 +23,14 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
+def pytest_xdist_auto_num_workers(config):
+    """``-n auto``: one worker more than the cores (``--maxprocesses`` caps it). Many tests wait on
+    a process they started (a sandbox worker, a Jupyter kernel, a grader command line); a spare
+    worker runs in those gaps. On 2 cores, 3 workers took the suite from about 370 s to 330 s
+    of wall time for the same work (idle CPU time 50 -> 6 s)."""
+    return len(os.sched_getaffinity(0)) + 1
+
+
 @pytest.fixture(scope="session")
 def real_model():
     """(model, tokenizer) of SmolLM2-135M-Instruct in float32, loaded once per test session.
