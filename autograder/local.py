@@ -197,12 +197,18 @@ def _suffix(kwargs: dict) -> str:
     return f"[{'-'.join(shown)}]" if shown else ""
 
 
+def _weight(test: Callable) -> int:
+    """The test's weight among its exercise's tests (``exercise(..., weight=)``)."""
+    marks = [m for m in getattr(test, "pytestmark", []) if m.name == "exercise"]
+    return marks[0].kwargs.get("weight", 1) if marks else 1
+
+
 def check(obj: Any, seed: int | None = None) -> None:
     """Run the grader tests of exercise ``obj.__name__`` in-process against the notebook's
     objects; print one ✓/✗ line per test (per case of a parametrized test), the teaching
     message of each failure and the points; then raise ``AssertionError`` with the teaching
     messages if any test failed (so that nbgrader sees the failure)."""
-    from autograder.rules.plugin import REGISTRY, failure_message, static_check
+    from autograder.rules.plugin import REGISTRY, failure_message, points_of_tests, static_check
     name = getattr(obj, "__name__", None)
     load_graders()
     if name not in REGISTRY:
@@ -222,10 +228,10 @@ def check(obj: Any, seed: int | None = None) -> None:
         sources = {}
     runs = [(test, suffix, kwargs) for test in exercise.tests.values()
             for suffix, kwargs in cases(test)]
-    share = exercise.points / len(runs)
+    shares = points_of_tests(exercise.points, [_weight(test) for test, _, _ in runs])
     total, failures, gate = 0.0, [], None
     print(f"check({name}) — seed {seed}")
-    for test, suffix, kwargs in runs:
+    for (test, suffix, kwargs), share in zip(runs, shares):
         learner = LocalLearner(namespace, sources)
         label = test.__name__ + suffix
         try:
@@ -250,8 +256,9 @@ def check(obj: Any, seed: int | None = None) -> None:
         print(f"  0 points for the tests that pass: {gate[1]} (see `{gate[0]}`; every test "
               "needs it)")
         total = 0.0
+    total = round(total, 2)   # whole hundredths, as the grader reports them
     print(f"  {total:g}/{exercise.points:g} points" + ("  — all tests pass!" if
-          total == exercise.points else ""))
+          not failures else ""))
     if failures:
         raise AssertionError(f"{name}: {len(failures)} of {len(runs)} tests fail\n"
                              + "\n".join(failures))

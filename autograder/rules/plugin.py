@@ -56,12 +56,13 @@ REGISTRY: dict[str, Exercise] = {}
 
 def exercise(grade_id: str, points: float = 1, *, forbid: Iterable[str] = (),
              timeout: float | None = None, memory_mb: int | None = None,
-             costly: bool = False) -> Callable[[Callable], Callable]:
+             costly: bool = False, weight: int = 1) -> Callable[[Callable], Callable]:
     """Decorator: mark a grader test as part of exercise ``grade_id`` worth ``points`` in total
-    (shared by all tests of that exercise) and register it in ``REGISTRY``. ``forbid`` (dotted
-    function names), ``timeout`` (seconds per learner call) and ``memory_mb`` (the sandbox's
-    memory limit, when below ``--memory-mb``) apply to the whole exercise; ``costly`` to this
-    test only (not run after a failed prerequisite of the exercise)."""
+    (shared by all tests of that exercise, in proportion to their ``weight``s) and register it
+    in ``REGISTRY``. ``forbid`` (dotted function names), ``timeout`` (seconds per learner call)
+    and ``memory_mb`` (the sandbox's memory limit, when below ``--memory-mb``) apply to the
+    whole exercise; ``costly`` and ``weight`` to this test only (``costly``: not run after a
+    failed prerequisite of the exercise)."""
     def decorate(fn: Callable) -> Callable:
         entry = REGISTRY.setdefault(grade_id, Exercise(grade_id, points))
         if entry.points != points:
@@ -73,7 +74,7 @@ def exercise(grade_id: str, points: float = 1, *, forbid: Iterable[str] = (),
         if memory_mb is not None:
             entry.memory_mb = min(entry.memory_mb or memory_mb, int(memory_mb))
         entry.tests[f"{fn.__code__.co_filename}::{fn.__name__}"] = fn
-        return pytest.mark.exercise(grade_id, points=points, costly=costly)(fn)
+        return pytest.mark.exercise(grade_id, points=points, costly=costly, weight=weight)(fn)
     return decorate
 
 
@@ -165,12 +166,15 @@ def failure_message(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def points_of_test(points: float, tests: int, index: int) -> float:
-    """The points of the ``index``-th of an exercise's ``tests`` tests: whole hundredths that add
-    up to ``points`` exactly (5 over 3 tests: 1.67, 1.67, 1.66), so that no report shows 5.83333
-    or a total of 5.0001."""
-    base, extra = divmod(round(points * 100), tests)
-    return (base + (index < extra)) / 100
+def points_of_tests(points: float, weights: list[int]) -> list[float]:
+    """An exercise's ``points`` shared by its tests in proportion to their ``weights``, in whole
+    hundredths that add up to ``points`` exactly (5 over 3 equal tests: 1.67, 1.67, 1.66), so
+    that no report shows 5.83333 or a total of 5.0001; the hundredths left over go to the first
+    tests."""
+    hundredths, total = round(points * 100), sum(weights)
+    shares = [hundredths * w // total for w in weights]
+    left = hundredths - sum(shares)
+    return [(share + (i < left)) / 100 for i, share in enumerate(shares)]
 
 
 def memory_last(entry: Exercise | None) -> float:
@@ -221,19 +225,16 @@ class Collector:
         config.addinivalue_line("markers", "exercise(grade_id, points): a graded test")
 
     def pytest_collection_modifyitems(self, items: list[pytest.Item]) -> None:
-        counts: dict[str, int] = {}
+        graded: dict[str, list[pytest.Item]] = {}
         for item in items:
             mark = item.get_closest_marker("exercise")
             if mark:
-                counts[mark.args[0]] = counts.get(mark.args[0], 0) + 1
-        seen: dict[str, int] = {}
-        for item in items:
-            mark = item.get_closest_marker("exercise")
-            if mark:
-                grade_id = mark.args[0]
-                self._share[item.nodeid] = points_of_test(mark.kwargs.get("points", 1),
-                                                      counts[grade_id], seen.get(grade_id, 0))
-                seen[grade_id] = seen.get(grade_id, 0) + 1
+                graded.setdefault(mark.args[0], []).append(item)
+        for tests in graded.values():
+            marks = [item.get_closest_marker("exercise") for item in tests]
+            shares = points_of_tests(marks[0].kwargs.get("points", 1),
+                                     [mark.kwargs.get("weight", 1) for mark in marks])
+            self._share.update({item.nodeid: share for item, share in zip(tests, shares)})
         self.position = {item.name: i for i, item in enumerate(items)}
         items.sort(key=_memory_last)
         start = getattr(self.learner, "start", None)

@@ -1,23 +1,28 @@
 """Request traces replayed through the engine under a scheduling policy (chapter 12).
 
-A trace is a list of requests with arrival times on the engine's step clock, drawn from a seeded
-distribution of one of four kinds:
+A trace is a list of requests with arrival times, drawn from a seeded distribution of one of five
+kinds. Time is counted by a step-cost clock (`reference.engine.step_cost.StepClock`): each
+engine step lasts what chapter 04's roofline says it costs serving SmolLM2-135M on an A100, in
+units of one decode step (one read of the weights), so a step that carries a long prompt chunk
+lasts longer than one that only decodes.
 
 * "steady": requests arrive one every few steps, short and long replies mixed;
 * "bursty": bursts of requests arrive at once, with quiet steps between them;
 * "shared_prefix": every prompt starts with one long system prompt (longer than the token
   budget, so it is chunked), which the prefix cache lets later requests share;
 * "small_pool": the K/V pool holds any one request but not all that run together, so a
-  scheduler must preempt.
+  scheduler must preempt;
+* "long_prompt": short chats with long documents among them, and a token budget above the
+  ridge point, so a step that feeds a whole chunk costs more than a decode step.
 
 `replay(trace, policy)` serves the trace with the real engine (`LLMEngine`, its block pool, the
 tiny model) whose scheduler is a `PolicyScheduler` asking `policy(snapshot) -> decision` at every
-step. It records each request's reply and the steps of its first and last tokens, a timeline
-(sequences in the batch, blocks in use after the step, tokens fed), the preemptions, the block pool's
-invariants after every step, and the first error: an illegal decision (the rule, the step), a
-policy that raised, a stall (nothing fed for `stall_steps` steps while requests wait) or the
-step limit. `service_levels` turns a replay into throughput and TTFT / TPOT percentiles, in
-steps, as chapter 9 counts them.
+step. It records each request's reply and the steps and clock times of its first and last
+tokens, a timeline (sequences in the batch, blocks in use after the step, tokens fed, the step's
+cost), the preemptions, the block pool's invariants after every step, and the first error: an
+illegal decision (the rule, the step), a policy that raised, a stall (nothing fed for
+`stall_steps` steps while requests wait) or the step limit. `service_levels` turns a replay into
+throughput and TTFT / TPOT percentiles on that clock.
 """
 from __future__ import annotations
 
@@ -33,16 +38,17 @@ from reference.calculators.batching_sim import percentile
 from reference.engine.llm import LLMEngine
 from reference.engine.params import SamplingParams
 from reference.engine.scheduler import IllegalDecision, PolicyScheduler, reference_policy
+from reference.engine.step_cost import StepClock
 from reference.paging import BlockManager
 
-TRACE_KINDS = ("steady", "bursty", "shared_prefix", "small_pool")
+TRACE_KINDS = ("steady", "bursty", "shared_prefix", "small_pool", "long_prompt")
 VOCAB = 256   # the tiny model's (and the byte tokenizer's) vocabulary
 
 
 @dataclass
 class Trace:
-    """Requests ({"id", "arrival_step", "prompt_ids", "max_tokens"}, by arrival) and the
-    engine's knobs for this trace."""
+    """Requests ({"id", "arrival" (clock time, in decode steps), "prompt_ids", "max_tokens"}, by
+    arrival) and the engine's knobs for this trace."""
     kind: str
     requests: list[dict]
     block_size: int
@@ -53,8 +59,8 @@ class Trace:
     def describe(self) -> str:
         prompts = [len(r["prompt_ids"]) for r in self.requests]
         replies = [r["max_tokens"] for r in self.requests]
-        return (f"{self.kind}: {len(self.requests)} requests arriving at steps "
-                f"{self.requests[0]['arrival_step']}..{self.requests[-1]['arrival_step']}, prompts "
+        return (f"{self.kind}: {len(self.requests)} requests arriving at times "
+                f"{self.requests[0]['arrival']}..{self.requests[-1]['arrival']}, prompts "
                 f"{min(prompts)}-{max(prompts)} tokens, replies {min(replies)}-{max(replies)}; "
                 f"max_num_seqs={self.max_num_seqs}, max_num_batched_tokens="
                 f"{self.max_num_batched_tokens}, {self.num_blocks} blocks of {self.block_size}")
@@ -74,20 +80,20 @@ def make_trace(kind: str, seed: int) -> Trace:
     if kind == "steady":
         step = 0
         for _ in range(rng.randint(10, 12)):
-            requests.append({"arrival_step": step, "prompt_ids": ids(rng.randint(6, 40)), "max_tokens": reply()})
+            requests.append({"arrival": step, "prompt_ids": ids(rng.randint(6, 40)), "max_tokens": reply()})
             step += rng.randint(1, 3)
         knobs = dict(block_size=4, num_blocks=96, max_num_seqs=4, max_num_batched_tokens=32)
     elif kind == "bursty":
         step = 0
         for _ in range(3):
             for _ in range(rng.randint(4, 5)):
-                requests.append({"arrival_step": step, "prompt_ids": ids(rng.randint(6, 40)), "max_tokens": reply()})
+                requests.append({"arrival": step, "prompt_ids": ids(rng.randint(6, 40)), "max_tokens": reply()})
             step += rng.randint(12, 18)
         knobs = dict(block_size=4, num_blocks=96, max_num_seqs=4, max_num_batched_tokens=32)
     elif kind == "shared_prefix":
         system, step = ids(rng.randint(36, 52)), 0
         for _ in range(rng.randint(9, 11)):
-            requests.append({"arrival_step": step, "prompt_ids": system + ids(rng.randint(3, 10)),
+            requests.append({"arrival": step, "prompt_ids": system + ids(rng.randint(3, 10)),
                              "max_tokens": reply()})
             step += rng.randint(1, 3)
         knobs = dict(block_size=4, num_blocks=96, max_num_seqs=4, max_num_batched_tokens=24)
@@ -95,12 +101,20 @@ def make_trace(kind: str, seed: int) -> Trace:
         step = 0
         for _ in range(2):
             for _ in range(rng.randint(4, 5)):
-                requests.append({"arrival_step": step, "prompt_ids": ids(rng.randint(8, 24)),
+                requests.append({"arrival": step, "prompt_ids": ids(rng.randint(8, 24)),
                                  "max_tokens": rng.randint(14, 24)})
             step += rng.randint(6, 10)
         longest = max(len(r["prompt_ids"]) + r["max_tokens"] for r in requests)
         knobs = dict(block_size=4, num_blocks=-(-longest // 4) + rng.randint(3, 6), max_num_seqs=4,
                      max_num_batched_tokens=32)
+    elif kind == "long_prompt":
+        step, n = 0, rng.randint(10, 12)
+        documents = set(rng.sample(range(1, n), 3))   # a long prompt never comes first
+        for i in range(n):
+            size = rng.randint(150, 450) if i in documents else rng.randint(6, 30)
+            requests.append({"arrival": step, "prompt_ids": ids(size), "max_tokens": reply()})
+            step += rng.randint(1, 4)
+        knobs = dict(block_size=16, num_blocks=128, max_num_seqs=4, max_num_batched_tokens=256)
     else:
         raise ValueError(f"trace kind must be one of {TRACE_KINDS}, got {kind!r}")
     for i, r in enumerate(requests):
@@ -110,12 +124,17 @@ def make_trace(kind: str, seed: int) -> Trace:
 
 @dataclass
 class Replay:
-    """What serving a trace under a policy gave. Steps are the engine's step clock."""
+    """What serving a trace under a policy gave. Steps count the engine's steps; times are the
+    clock's (in decode steps), at the end of the step that sampled the token."""
     trace: Trace
     replies: dict[str, list[int]] = field(default_factory=dict)     # finished requests only
     first_token_step: dict[str, int] = field(default_factory=dict)
     last_token_step: dict[str, int] = field(default_factory=dict)
-    timeline: list[dict] = field(default_factory=list)   # {"step", "batch", "waiting", "blocks_used", "tokens"}
+    first_token_time: dict[str, float] = field(default_factory=dict)
+    last_token_time: dict[str, float] = field(default_factory=dict)
+    # {"step", "time" (at its end), "cost", "batch" (sequences fed), "running" (slots taken),
+    #  "waiting", "blocks_used", "tokens"}
+    timeline: list[dict] = field(default_factory=list)
     preemptions: int = 0
     error: str | None = None          # why the replay stopped early, if it did
     error_step: int | None = None
@@ -124,16 +143,16 @@ class Replay:
     stall_cause: str | None = None    # what kept the engine from feeding any token, if it stalled
 
     @property
-    def arrival(self) -> dict[str, int]:
-        return {r["id"]: r["arrival_step"] for r in self.trace.requests}
+    def arrival(self) -> dict[str, float]:
+        return {r["id"]: r["arrival"] for r in self.trace.requests}
 
     @property
     def unfinished(self) -> list[str]:
         return [r["id"] for r in self.trace.requests if r["id"] not in self.replies]
 
-    def ttft(self) -> dict[str, int]:
-        """Steps from arrival to the first token, the step that samples it included."""
-        return {rid: step + 1 - self.arrival[rid] for rid, step in self.first_token_step.items()}
+    def ttft(self) -> dict[str, float]:
+        """Time from arrival to the end of the step that sampled the first token."""
+        return {rid: t - self.arrival[rid] for rid, t in self.first_token_time.items()}
 
 
 class PolicyFailed(RuntimeError):
@@ -153,14 +172,15 @@ def one_thread():
 
 
 def replay(trace: Trace, policy: Callable[[dict], dict] = reference_policy, model=None, tokenizer=None,
-           max_steps: int = 1000, stall_steps: int = 20) -> Replay:
-    """Serve `trace` with the engine, `policy` deciding every step (see PolicyScheduler); the
-    model runs on one CPU thread (`one_thread`)."""
+           max_steps: int = 1000, stall_steps: int = 20, clock: StepClock | None = None) -> Replay:
+    """Serve `trace` with the engine, `policy` deciding every step (see PolicyScheduler), each
+    step lasting what `clock` says it costs (SmolLM2-135M on an A100 by default); the model runs
+    on one CPU thread (`one_thread`)."""
     with one_thread():
-        return _replay(trace, policy, model, tokenizer, max_steps, stall_steps)
+        return _replay(trace, policy, model, tokenizer, max_steps, stall_steps, clock or StepClock())
 
 
-def _replay(trace, policy, model, tokenizer, max_steps, stall_steps) -> Replay:
+def _replay(trace, policy, model, tokenizer, max_steps, stall_steps, clock) -> Replay:
     if model is None:
         from reference.model import build_tiny
         model = build_tiny(0)
@@ -179,18 +199,18 @@ def _replay(trace, policy, model, tokenizer, max_steps, stall_steps) -> Replay:
 
     scheduler = PolicyScheduler(engine.blocks, trace.max_num_seqs, trace.max_num_batched_tokens, ask)
     engine.scheduler = scheduler
-    result, pending = Replay(trace), sorted(trace.requests, key=lambda r: r["arrival_step"])
-    stalled = 0
+    result, pending = Replay(trace), sorted(trace.requests, key=lambda r: r["arrival"])
+    stalled, now = 0, 0.0
     for step in range(max_steps):
-        while pending and pending[0]["arrival_step"] <= step:
-            r = pending.pop(0)
+        if pending and not engine.has_unfinished():
+            now = max(now, pending[0]["arrival"])     # idle until the next request arrives
+        while pending and pending[0]["arrival"] <= now:
+            r = pending.pop(0)   # the snapshot's "arrival_step" is this step's number
             engine.add_request(list(r["prompt_ids"]), SamplingParams(max_tokens=r["max_tokens"], temperature=0.0,
                                                                      ignore_eos=True),
-                               request_id=r["id"], arrival_time=float(r["arrival_step"]))
+                               request_id=r["id"], arrival_time=float(step))
         if not pending and not engine.has_unfinished():
             return result
-        if not engine.has_unfinished():
-            continue
         scheduler.clock = step
         try:
             outputs = engine.step()
@@ -198,13 +218,18 @@ def _replay(trace, policy, model, tokenizer, max_steps, stall_steps) -> Replay:
             result.error, result.error_step = str(exc), step
             result.rule = getattr(exc, "rule", None)
             return result
+        cost = clock.cost(scheduler.last_fed)
+        now += cost
         for out in outputs:
             result.first_token_step.setdefault(out.request_id, step)
+            result.first_token_time.setdefault(out.request_id, now)
             if out.finished:
                 result.last_token_step[out.request_id] = step
+                result.last_token_time[out.request_id] = now
                 result.replies[out.request_id] = list(out.token_ids)
         batch = scheduler.last_batch
-        result.timeline.append({"step": step, "batch": len(batch), "waiting": len(scheduler.waiting),
+        result.timeline.append({"step": step, "time": now, "cost": cost, "batch": len(batch),
+                                "running": scheduler.last_running, "waiting": len(scheduler.waiting),
                                 "blocks_used": trace.num_blocks - engine.blocks.num_free_blocks,
                                 "tokens": sum(n for _, n in batch)})
         result.preemptions = scheduler.preemptions
@@ -260,41 +285,52 @@ def pool_problems(blocks: BlockManager, holders: list[str]) -> list[str]:
     return problems
 
 
+def idle_slot_time(result: Replay) -> float:
+    """Clock time (decode steps) during which a slot stood free while a request waited: the
+    cost of every step whose decision left fewer than max_num_seqs sequences running with the
+    queue not empty. Continuous batching keeps it to what the token budget and the pool force;
+    static batching adds the rest of the longest reply of every batch."""
+    return sum(t["cost"] for t in result.timeline
+               if t["waiting"] and t["running"] < result.trace.max_num_seqs)
+
+
 def service_levels(result: Replay) -> dict:
-    """Throughput (tokens per step, from the first arrival to the last token) and TTFT / TPOT
-    (steps) percentiles over the finished requests, as chapter 9 counts them."""
+    """Throughput (tokens per decode step of clock time, from the first arrival to the last
+    token) and TTFT / TPOT percentiles (decode steps of clock time) over the finished requests,
+    as chapter 9 defines them; "steps" is how many engine steps the replay took."""
     done = [rid for rid in result.replies if result.replies[rid]]
     if not done:
         return {"throughput": 0.0, "ttft_p50": float("inf"), "ttft_p99": float("inf"),
                 "tpot_p50": float("inf"), "tpot_p99": float("inf"), "steps": 0, "preemptions": result.preemptions}
-    start = min(r["arrival_step"] for r in result.trace.requests)
-    end = max(result.last_token_step[rid] for rid in done) + 1
+    start = min(r["arrival"] for r in result.trace.requests)
+    end = max(result.last_token_time[rid] for rid in done)
     ttft = result.ttft()
     ttfts = [ttft[rid] for rid in done]
-    tpots = [(result.last_token_step[rid] - result.first_token_step[rid]) / (len(result.replies[rid]) - 1)
+    tpots = [(result.last_token_time[rid] - result.first_token_time[rid]) / (len(result.replies[rid]) - 1)
              for rid in done if len(result.replies[rid]) > 1]
     return {"throughput": sum(len(result.replies[rid]) for rid in done) / (end - start),
             "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
             "tpot_p50": percentile(tpots, 50) if tpots else 0.0, "tpot_p99": percentile(tpots, 99) if tpots else 0.0,
-            "steps": end - start, "preemptions": result.preemptions}
+            "steps": len(result.timeline), "preemptions": result.preemptions}
 
 
 def timeline_figure(runs: dict[str, dict[str, Replay]], num_cols: int | None = None):
     """A small matplotlib figure: for each trace (a key of `runs`), the sequences in each step's
-    batch and the blocks in use after it, one line per policy (the inner keys). Returns the figure."""
+    batch and the blocks in use after it, against clock time, one line per policy (the inner
+    keys). Returns the figure."""
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(2, len(runs), figsize=(3.2 * len(runs), 4.2), squeeze=False, sharex="col")
     for col, (kind, by_policy) in enumerate(runs.items()):
         for label, result in by_policy.items():
-            steps = [t["step"] for t in result.timeline]
-            axes[0][col].step(steps, [t["batch"] for t in result.timeline], where="post", label=label)
-            axes[1][col].step(steps, [t["blocks_used"] for t in result.timeline], where="post", label=label)
+            ends = [t["time"] for t in result.timeline]   # each step's value holds until it ends
+            axes[0][col].step(ends, [t["batch"] for t in result.timeline], where="pre", label=label)
+            axes[1][col].step(ends, [t["blocks_used"] for t in result.timeline], where="pre", label=label)
         trace = next(iter(by_policy.values())).trace
         axes[0][col].set_title(kind, fontsize=9)
         axes[0][col].axhline(trace.max_num_seqs, color="grey", lw=0.6, ls=":")
         axes[1][col].axhline(trace.num_blocks, color="grey", lw=0.6, ls=":")
-        axes[1][col].set_xlabel("step", fontsize=8)
+        axes[1][col].set_xlabel("time (decode steps)", fontsize=8)
         for ax in axes[:, col] if hasattr(axes, "shape") else (axes[0][col], axes[1][col]):
             ax.tick_params(labelsize=7)
     axes[0][0].set_ylabel("sequences in the batch", fontsize=8)

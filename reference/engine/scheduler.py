@@ -373,6 +373,8 @@ class PolicyScheduler(Scheduler):
         self.admitted_step: dict[str, int] = {}
         self.preempted: dict[str, int] = {}
         self.last_batch: list[tuple[Sequence, int]] = []
+        self.last_fed: list[tuple[int, int]] = []
+        self.last_running = 0
 
     def snapshot(self) -> dict:
         """This step's state as plain data (a fresh copy: the policy may keep or change it)."""
@@ -421,6 +423,9 @@ class PolicyScheduler(Scheduler):
                 if n > 0:
                     batch.append((by_id[sid], n))
         self.last_batch = batch
+        # (tokens fed, tokens already in the pool) per fed sequence: what the step costs
+        self.last_fed = [(n, seq.num_computed) for seq, n in batch]
+        self.last_running = len(self.running)   # slots taken once the decision is applied
         return batch
 
     def _admit_one(self, seq: Sequence, cached: int, n: int, step: int) -> int:

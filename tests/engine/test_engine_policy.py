@@ -13,6 +13,7 @@ from reference.engine.llm import LLMEngine
 from reference.engine.params import SamplingParams
 from reference.engine.replay import TRACE_KINDS, make_trace, one_thread, replay, service_levels
 from reference.engine.scheduler import IllegalDecision, check_decision, reference_policy
+from reference.engine.step_cost import StepClock
 from reference.model import build_tiny
 from reference.tokenizer import ByteTokenizer
 
@@ -23,19 +24,33 @@ def model():
 
 
 def legacy_token_steps(model, trace):
-    """First and last token step of each request under the built-in Scheduler."""
+    """First and last token step of each request under the built-in Scheduler, requests
+    arriving on the same step-cost clock as `replay`'s."""
     engine = LLMEngine(model, ByteTokenizer(), block_size=trace.block_size, num_blocks=trace.num_blocks,
                        max_num_seqs=trace.max_num_seqs, max_num_batched_tokens=trace.max_num_batched_tokens)
+    schedule, fed = engine.scheduler.schedule, []
+
+    def recording():   # (tokens fed, tokens already in the pool) of each fed sequence
+        batch = schedule()
+        fed[:] = [(n, seq.num_computed) for seq, n in batch]
+        return batch
+
+    engine.scheduler.schedule = recording
+    clock, now = StepClock(), 0.0
     pending, first, last = list(trace.requests), {}, {}
     with one_thread():
         for step in range(1000):
-            while pending and pending[0]["arrival_step"] <= step:
+            if pending and not engine.has_unfinished():
+                now = max(now, pending[0]["arrival"])
+            while pending and pending[0]["arrival"] <= now:
                 r = pending.pop(0)
                 engine.add_request(r["prompt_ids"], SamplingParams(max_tokens=r["max_tokens"], ignore_eos=True),
                                    request_id=r["id"])
             if not pending and not engine.has_unfinished():
                 break
-            for out in engine.step():
+            outputs = engine.step()
+            now += clock.cost(fed)
+            for out in outputs:
                 first.setdefault(out.request_id, step)
                 if out.finished:
                     last[out.request_id] = step

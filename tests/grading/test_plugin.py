@@ -132,13 +132,18 @@ def test_exercises_with_a_memory_limit_are_graded_last_and_reported_in_file_orde
 
 
 
-@pytest.mark.parametrize("points, tests", [(5, 3), (2, 3), (10, 6), (4, 1), (3, 7), (2.5, 4)])
-def test_an_exercises_points_split_into_whole_hundredths_that_add_up(points, tests):
-    from autograder.rules.plugin import points_of_test
-    shares = [points_of_test(points, tests, i) for i in range(tests)]
-    assert all(round(s * 100) == s * 100 or abs(round(s * 100) - s * 100) < 1e-9 for s in shares)
-    assert abs(sum(shares) - points) < 1e-9 and max(shares) - min(shares) <= 0.0100001, shares
-    assert f"{sum(shares):g}" == f"{points:g}"
+@pytest.mark.parametrize("points, weights", [(5, [1] * 3), (2, [1] * 3), (10, [1] * 6), (4, [1]),
+                                             (3, [1] * 7), (2.5, [1] * 4), (10, [1, 1, 2] * 5),
+                                             (7, [3, 1, 2])])
+def test_an_exercises_points_split_into_whole_hundredths_that_add_up(points, weights):
+    from autograder.rules.plugin import points_of_tests
+    shares = points_of_tests(points, weights)
+    assert all(abs(round(s * 100) - s * 100) < 1e-9 for s in shares)
+    assert f"{sum(shares):g}" == f"{points:g}" and abs(sum(shares) - points) < 1e-9
+    per_weight = [s / w for s, w in zip(shares, weights)]   # in proportion, to a hundredth
+    assert max(per_weight) - min(per_weight) <= 0.0100001, shares
+    if weights == [1, 1, 2] * 5:
+        assert shares[:3] == [0.5, 0.5, 1.0], shares
 
 
 def test_a_refusal_names_the_learners_line_and_the_hint_for_the_function_written_there():

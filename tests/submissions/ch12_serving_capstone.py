@@ -1,5 +1,6 @@
 # %% grade_id: schedule | wrong: static batching (admits only when nothing runs)
 # expect: below the service level
+# expect: a slot stood free while requests waited
 # replace:
 #         slots = snapshot["max_num_seqs"] - len(running) if not preempt else 0
 # with:
