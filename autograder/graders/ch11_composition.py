@@ -170,17 +170,23 @@ def test_serve_batches_equal_lengths_and_replies_exactly(learner, seed):
 
 def _grounded_case(gen, model, ngram: int):
     """A prompt, a source passage that is the model's own greedy reply with a few tokens changed
-    (an edit task: most of the reply is copied, some is not), n_new, k."""
+    (an edit task: most of the reply is copied, some is not), n_new, k. Decoys go first: every
+    n-gram of the passage followed by other tokens, in a shuffled order, so that a tail's
+    EARLIEST occurrence drafts junk and only its latest one (the docstring's rule) the passage."""
     prompt, n_new, k = _ids(gen, randint(gen, 4, 8)), randint(gen, 14, 20), randint(gen, 3, 4)
     reply = generate(model, prompt, n_new)
     source = prompt[-ngram:] + list(reply)
     for position in torch.randperm(n_new - 2, generator=gen)[:2].tolist():
         source[ngram + 1 + position] = (source[ngram + 1 + position] + 1 + randint(gen, 0, 200)) % VOCAB
-    return prompt, source, n_new, k, reply
+    decoys = []
+    for start in torch.randperm(len(source) - ngram, generator=gen).tolist():
+        decoys += source[start:start + ngram] + _ids(gen, k)
+    return prompt, decoys + source, n_new, k, reply
 
 
-def _lookup_calls(prompt, source, reply, n_new, k, ngram) -> list[tuple[int, int]]:
-    """(tokens fed, cache length before) of each verification under the docstring's draft rule."""
+def _lookup_calls(prompt, source, reply, n_new, k, ngram) -> list[tuple[list[int], int]]:
+    """(tokens fed, cache length before) of each verification under the docstring's draft rule:
+    the newest kept token and the draft looked up in ``source``."""
     tokens, calls = list(prompt) + [reply[0]], []
     while len(tokens) - len(prompt) < n_new:
         done = len(tokens) - len(prompt)
@@ -192,7 +198,7 @@ def _lookup_calls(prompt, source, reply, n_new, k, ngram) -> list[tuple[int, int
         accepted = 0
         while accepted < len(draft) and draft[accepted] == reply[done + accepted]:
             accepted += 1
-        calls.append((1 + len(draft), len(tokens) - 1))
+        calls.append(([tokens[-1], *draft], len(tokens) - 1))
         tokens += reply[done:done + accepted + 1]
     return calls
 
@@ -214,7 +220,8 @@ def test_lookup_generate_is_exact_and_verifies_drafts_with_rollback(learner, see
                             if never_cut else
                             "accept draft[i] only while it equals the argmax after the token before it; "
                             "the first mismatch is replaced by that argmax and ends the step"))
-    expected = _lookup_calls(prompt, source, reply, n_new, k, ngram)
+    verifications = _lookup_calls(prompt, source, reply, n_new, k, ngram)
+    expected = [(len(fed_tokens), length) for fed_tokens, length in verifications]
     seen = [(f.shape[1], f.cache_length) for f in trace[1:]]
     calls = f"(verifications expected as (tokens fed, cache length before): {expected}; seen: {seen})"
     if not trace or trace[0].shape != (1, len(prompt)) or trace[0].cache_length != 0:
@@ -234,6 +241,14 @@ def test_lookup_generate_is_exact_and_verifies_drafts_with_rollback(learner, see
         raise AssertionError(f"{len(seen)} verification calls where the draft rule needs "
                              f"{len(expected)} {calls}: accept every draft token that matches, and look "
                              "the tail up in `source` (its latest occurrence)")
+    if seen == expected:   # every part: exactly the newest token and the looked-up draft fed
+        for number, (f, (want, _)) in enumerate(zip(trace[1:], verifications), start=1):
+            if list(f.tokens) != want:
+                raise AssertionError(
+                    f"verification {number} fed {list(f.tokens)} where the draft rule gives "
+                    f"{want}: the newest kept token, then the tokens that follow the latest "
+                    "occurrence of the tail in `source` (at most k); verify exactly those")
+        return
     if seen != expected:
         first = next(i for i, (a, b) in enumerate(zip(seen + [None] * len(expected), expected))
                      if a != b)

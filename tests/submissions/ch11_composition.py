@@ -143,6 +143,13 @@ def serve(model, requests, max_batch):
 # with:
 
 
+# %% grade_id: lookup_generate | wrong: drafts from the EARLIEST occurrence of the tail in the source
+# expect: its latest occurrence
+# replace:
+#             for start in range(len(source) - ngram, -1, -1):   # latest occurrence first
+# with:
+#             for start in range(len(source) - ngram + 1):
+
 # %% grade_id: lookup_generate | wrong: plain greedy decoding, no draft ever verified
 # expect: no draft was verified
 def lookup_generate(model, prompt_ids, source, n_new, k, ngram=2):
