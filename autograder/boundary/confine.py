@@ -7,7 +7,6 @@ from __future__ import annotations
 import ctypes
 import errno as errno_module
 import os
-import socket
 from pathlib import Path
 
 try:   # libseccomp through its ctypes binding, loaded here, before any confinement
@@ -138,22 +137,19 @@ class _PathBeneath(ctypes.Structure):
     _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
 
 
-# Socket families that reach a network: IPv4, IPv6, raw packets. Unix sockets (socketpair, which
-# asyncio and torch use within the process) stay.
-NETWORK_FAMILIES = (socket.AF_INET, socket.AF_INET6, socket.AF_PACKET)
-
-
 def close_network() -> bool:
-    """Install a seccomp filter on this process and its children: creating a socket of
-    ``NETWORK_FAMILIES`` fails with EACCES, and so does setting up io_uring (whose requests can
-    make sockets without the socket call). Closes the network where no network namespace can be
-    made (Docker's default permissions). False when libseccomp is missing."""
+    """Install a seccomp filter on this process and its children: the ``socket`` call fails with
+    EACCES whatever the family (IPv4, IPv6 and raw packets reach a network; a Unix socket reaches
+    any local process listening on a path or an abstract name, a relay to the network among
+    them), and so does setting up io_uring (whose requests can make sockets without the socket
+    call). ``socketpair`` is another call and stays: asyncio and torch use it within the process.
+    Closes the network where no network namespace can be made (Docker's default permissions).
+    False when libseccomp is missing."""
     if pyseccomp is None:
         return False
     refuse = pyseccomp.ERRNO(errno_module.EACCES)
     rules = pyseccomp.SyscallFilter(defaction=pyseccomp.ALLOW)
-    for family in NETWORK_FAMILIES:
-        rules.add_rule(refuse, "socket", pyseccomp.Arg(0, pyseccomp.EQ, family))
+    rules.add_rule(refuse, "socket")
     rules.add_rule(refuse, "io_uring_setup")
     rules.load()
     return True

@@ -33,6 +33,17 @@ is not are shut by what they are, at run time (the static look refuses their nam
   code runs, however deep in a library the start is made, cells included (a thread or a
   process started at a cell's load would take work from the calls later); a kernel launch
   excepted (``launching``: Triton's compiler runs ptxas where it builds for a GPU);
+- a signal handler (``signal.signal`` with a Python function, however reached: ``_signal``
+  too): Python runs it between any two lines of whatever runs when the signal comes (a timer,
+  ``signal.setitimer``), the worker's own code after the recorded call included, where the
+  handler's work is neither counted nor refused. Refused while learner code runs, but for the
+  defaults and asyncio's own handler of Ctrl-C (``asyncio.run`` installs it; nothing in the
+  sandbox sends SIGINT later);
+- a torch function mode left on torch's stack when a cell or a call ends: its
+  ``__torch_function__`` would run at every torch function the worker calls afterwards (its
+  copy of the result, the reply's serialisation), where nothing is recorded. Taken off and
+  refused (``function_modes_left``); the worker's own torch code inside and after a call runs
+  with torch functions' overrides off (``guard.limits_paused``);
 - torch's dispatch switches (``SWITCHES``: the mode stack popped or replaced, the Python
   dispatch key excluded, a kernel registered for an operation, an operation redispatched
   below the modes), wherever ``torch`` holds them: refused while learner code runs, however
@@ -50,8 +61,10 @@ from __future__ import annotations
 
 import _thread
 import contextlib
+import functools
 import sys
 import threading
+import types
 from typing import Iterator
 
 import torch
@@ -72,13 +85,18 @@ COUNTED = {"torch.Tensor.__repr__": "a tensor printed (str(t), repr(t), print(t)
 
 # What the routes around the recorder are, by the name a refusal is kept under (``refused``).
 ANOTHER_THREAD, ANOTHER_PROCESS, DISPATCH_SWITCH = "another thread", "another process", "dispatch switch"
+SIGNAL_HANDLER, FUNCTION_MODE = "a signal handler", "a torch function mode left on"
 ROUTES = {
     guard.SUBCLASS: "a tensor subclass with its own __torch_dispatch__ (torch runs that handler "
                     "with the grader's recorder set aside)",
     ANOTHER_THREAD: "work handed to another thread (the recorder follows the calling thread)",
     ANOTHER_PROCESS: "work handed to another process (fork, spawn, a subprocess)",
     DISPATCH_SWITCH: "torch's dispatch machinery switched (a dispatch mode popped or replaced, "
-                     "the Python dispatch key excluded, a kernel registered, a redispatch)"}
+                     "the Python dispatch key excluded, a kernel registered, a redispatch)",
+    SIGNAL_HANDLER: "work in a signal handler (Python runs it wherever the signal comes, in the "
+                    "grader's own code after your call too)",
+    FUNCTION_MODE: "a torch function mode left on after your code returned (its "
+                   "__torch_function__ would run in the grader's own code after your call)"}
 # The dispatch switches, in torch._C: the mode stack, the dispatch keys of this thread, kernel
 # registration (torch.library), calls below the modes; and the redispatch of an operator handle.
 SWITCHES = ("_pop_torch_dispatch_stack", "_push_on_torch_dispatch_stack", "_set_dispatch_mode",
@@ -158,6 +176,38 @@ def _process_hook(event: str, args: tuple) -> None:
         _refuse_route(ANOTHER_PROCESS, f"a new process ({event})")
 
 
+def _allowed_handler(signum, handler) -> bool:
+    """The handlers learner code may install: the defaults (ints, ``default_int_handler``) and
+    asyncio's own Ctrl-C handler (``asyncio.run`` installs it for SIGINT, which nothing in the
+    sandbox sends later), checked by identity, not by name."""
+    import signal
+    if not callable(handler) or handler is signal.default_int_handler:
+        return True
+    if signum != signal.SIGINT or type(handler) is not functools.partial:
+        return False
+    import asyncio.runners
+    func = handler.func
+    return type(func) is types.MethodType and func.__func__ is asyncio.runners.Runner._on_sigint
+
+
+def _signal_wall(original):
+    def signal(signum, handler):
+        if audit.learner_running() and not _allowed_handler(signum, handler):
+            _refuse_route(SIGNAL_HANDLER, "signal.signal")
+        return original(signum, handler)
+    return signal
+
+
+def function_modes_left() -> None:
+    """Take off the torch function modes learner code left on torch's stack (a cell's or a
+    call's) and refuse them (``FUNCTION_MODE``): their handlers would run in the worker's code."""
+    if not torch._C._len_torch_function_stack():
+        return
+    while torch._C._len_torch_function_stack():
+        torch._C._pop_torch_function_stack()
+    _refuse_route(FUNCTION_MODE, "a torch function mode still entered")
+
+
 def _replace_everywhere(replacements: dict) -> None:
     """Wherever a loaded module of torch holds a key of ``replacements`` (by identity: ``from
     torch._C import X`` made copies), put its value there instead; one pass over the modules."""
@@ -214,5 +264,7 @@ def install() -> None:
     handle = torch._C._DispatchOperatorHandle
     handle.redispatch_boxed = _switch("_DispatchOperatorHandle.redispatch_boxed", handle.redispatch_boxed)
     threading._start_new_thread = _thread.start_new_thread = _thread_start(_thread.start_new_thread)
+    import _signal
+    _signal.signal = _signal_wall(_signal.signal)   # signal.signal calls _signal.signal
     sys.addaudithook(_process_hook)
     _INSTALLED[0] = True

@@ -118,11 +118,14 @@ _PAUSED = [0]   # > 0 while the worker's own code runs inside a learner call (pr
 
 @contextlib.contextmanager
 def limits_paused() -> Iterator[None]:
-    """Operations run inside the block are the worker's own (a proxy serialising a request), not
-    the learner's: no limit applies to them."""
+    """Operations run inside the block are the worker's own (a proxy serialising a request, the
+    copy of a call's result), not the learner's: no limit applies to them. Nor does any
+    ``__torch_function__`` (a torch function mode learner code entered, a subclass's): torch's
+    overrides are off in the block, so no learner code runs in it unrecorded."""
     _PAUSED[0] += 1
     try:
-        yield
+        with torch._C.DisableTorchFunction():
+            yield
     finally:
         _PAUSED[0] -= 1
 

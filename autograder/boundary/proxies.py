@@ -112,20 +112,46 @@ def plain_tensor(value: torch.Tensor) -> torch.Tensor:
     return value.detach().as_subclass(torch.Tensor).clone()
 
 
+def _one_of(kind: type, types: tuple) -> bool:
+    """``kind`` is one of ``types``, by identity (``in`` would compare with ``==``, which a
+    learner's metaclass may define)."""
+    return any(kind is t for t in types)
+
+
+def _scalar(value: Any, kind: type) -> Any:
+    """A subclass of float, int or str (numpy's float64 is one) as the plain value, read through
+    the base class's own conversion (never a method of the subclass); ``None`` otherwise."""
+    for base, convert in ((float, float.__float__), (int, int.__int__), (str, str.__str__)):
+        if issubclass(kind, base):
+            return convert(value)
+    return None
+
+
+def _items(value: Any) -> Any:
+    """The items of a list or tuple (a subclass's too) through the base class's own iterator,
+    never the object's ``__iter__``."""
+    return tuple.__iter__(value) if issubclass(type(value), tuple) else list.__iter__(value)
+
+
 def _plain(value: Any) -> Any:
-    """Arguments of a proxy call as plain data (proxies become ``Remote`` markers)."""
-    if isinstance(value, _Proxy):
-        kind = "model" if isinstance(value, ModelProxy) else "cache"
-        return {TAG: "remote", "kind": kind, "id": int(value._id)}
-    if isinstance(value, torch.Tensor):
+    """Arguments of a proxy call as plain data (proxies become ``Remote`` markers). Decided on
+    ``type(value)`` alone: ``isinstance`` would ask the object for its ``__class__``, running
+    learner code (a property) here, inside ``limits_paused``, where nothing is recorded."""
+    kind = type(value)
+    if issubclass(kind, _Proxy):
+        return {TAG: "remote", "kind": "model" if issubclass(kind, ModelProxy) else "cache",
+                "id": int(value._id)}
+    if issubclass(kind, torch.Tensor):
         return plain_tensor(value)
-    if isinstance(value, SCALARS):
+    if _one_of(kind, SCALARS):
         return value
-    if isinstance(value, (list, tuple)):
-        return type(value)(_plain(v) for v in value) if type(value) in (list, tuple) \
-            else [_plain(v) for v in value]
-    if type(value) is dict:
-        return {str(k): _plain(v) for k, v in value.items()}
+    if _scalar(value, kind) is not None:
+        return _scalar(value, kind)
+    if issubclass(kind, (list, tuple)):
+        return kind(_plain(v) for v in value) if _one_of(kind, (list, tuple)) \
+            else [_plain(v) for v in _items(value)]
+    if kind is dict and all(_one_of(type(k), (str, int)) for k in value):   # str(k): no
+        return {str(k): _plain(v) for k, v in value.items()}             # learner __str__
     raise TypeError(f"the model runs in the grader and cannot receive a {type(value).__name__}; "
                     "pass tensors, numbers and the cache you were given")
 
@@ -154,17 +180,20 @@ class LearnerSide:
 
     def result(self, value: Any) -> Any:
         """A learner result -> wire form; objects that are not plain data become handles."""
-        if isinstance(value, _Proxy):
+        kind = type(value)   # never isinstance: it would run a `__class__` property of the
+        if issubclass(kind, _Proxy):   # learner's here, after the recorded call
             return _plain(value)
-        if isinstance(value, torch.Tensor):
+        if issubclass(kind, torch.Tensor):
             return plain_tensor(value)
-        if isinstance(value, SCALARS):
+        if _one_of(kind, SCALARS):
             return value
-        if type(value) is list:
+        if _scalar(value, kind) is not None:
+            return _scalar(value, kind)
+        if kind is list:
             return [self.result(v) for v in value]
-        if isinstance(value, tuple):   # a named tuple too; its items, not its own __iter__
+        if issubclass(kind, tuple):   # a named tuple too; its items, not its own __iter__
             return tuple(self.result(v) for v in tuple.__iter__(value))
-        if type(value) is dict and all(isinstance(k, (str, int)) for k in value):
+        if kind is dict and all(_one_of(type(k), (str, int)) for k in value):
             return {k: self.result(v) for k, v in value.items()}
         handle = next(self._ids)
         self.objects[handle] = value

@@ -189,7 +189,10 @@ class Worker:
         linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
         code = compile(source, str(path), "exec")
         with audit.learner_code():
-            exec(code, self.namespace)
+            try:
+                exec(code, self.namespace)
+            finally:
+                exits.function_modes_left()   # none may run in the worker's code later
 
     def _lookup(self, name: str):
         if name not in self.namespace:
@@ -212,17 +215,22 @@ class Worker:
                         "grader counts a kernel's loads and stores there, so no kernel is launched")
                 with audit.learner_code(), exits.launching():
                     after, self.traffic = launch(kernel, request["grid"], args, kwargs)
-                return self.side.result(after)
+                with limits_paused():
+                    return self.side.result(after)
             if "handle" in request:
                 target = getattr(self.side.resolve(request["handle"]), request["attr"])
                 if request.get("get"):
-                    return self.side.result(target)
+                    with limits_paused():
+                        return self.side.result(target)
             else:
                 target = self._lookup(request["name"])
             limit = operation_limit(request.get("allowed_ops"))
             try:
                 with limit, audit.learner_code():
-                    value = target(*args, **kwargs)
+                    try:
+                        value = target(*args, **kwargs)
+                    finally:
+                        exits.function_modes_left()   # refused, and kept in limit.refused
             finally:
                 if limit.refused:   # even when the learner's code caught the error
                     raise ForbiddenOperationError(limit.refused)
@@ -232,7 +240,8 @@ class Worker:
                     f"your code changed what the grader records its work with "
                     f"({', '.join(changed[:4])}), so this call counts for nothing")
             self.largest, self.work = limit.largest, limit.work
-            return self.side.result(value)
+            with limits_paused():   # the worker's copy: no __torch_function__ of the learner's
+                return self.side.result(value)
 
     def handle(self, request: dict) -> dict:
         self.largest, self.traffic, self.work = 0, None, CallWork()
@@ -330,7 +339,8 @@ def run(config: dict) -> None:
             os._exit(0)
         reply = worker.handle(request)
         try:
-            write_message(worker.out_fd, reply)
+            with torch._C.DisableTorchFunction():   # the reply's tensors are plain: their own
+                write_message(worker.out_fd, reply)   # serialisation, no learner override
         except Exception as exc:  # noqa: BLE001 - a result torch.save cannot write
             write_message(worker.out_fd, {"op": "done", "ok": False, "error":
                                           f"your result could not be sent back ({describe(exc)})"})

@@ -317,6 +317,12 @@ def _check_buffer_values(buffers: dict, expected: dict, filled: list[int], insta
 # copy of them (a conversion to the buffer's dtype, a contiguous copy); more means the tokens
 # already held are copied too (an in-place write into the buffer makes none).
 APPEND_SLACK = 1
+# And append by append, so that a copy of the cache made now and then cannot hide in what the
+# in-place appends before it left unused: what one append makes beyond GROWTH_SLACK times its own
+# new tokens is added up over the appends, and more than EXCESS_TOKENS tokens' worth (k and v)
+# of it means appends copy tokens the cache already held.
+GROWTH_SLACK = 2
+EXCESS_TOKENS = 2
 
 
 @exercise("KVCache", points=4)
@@ -330,14 +336,15 @@ def test_kvcache_appends_write_into_the_buffers(learner, seed):
     each append, by torch.zeros or torch.cat, loses them)."""
     gen = generator(seed + 3)
     n_layers, batch, heads, dim = _dims(gen)
-    max_len = randint(gen, 20, 28)
+    max_len = randint(gen, 36, 48)
     full = [n_layers, batch, heads, max_len, dim]
     cache = learner.new("KVCache", n_layers, batch, heads, max_len, dim, dtype=torch.float64)
     _buffers_at_construction(learner, cache, full)
     expected = {name: torch.zeros(full, dtype=torch.float64) for name in ("k", "v")}
     filled, installed = [0] * n_layers, False
     appended = allocated = 0   # bytes of new tokens given, bytes the appends' operations made
-    n_appends = randint(gen, 8, 12)
+    excess = 0                 # bytes appends made beyond GROWTH_SLACK times their own new tokens
+    n_appends = randint(gen, 16, 22)
     swaps = {randint(gen, 1, 3), randint(gen, 5, n_appends - 2)}
     for step in range(n_appends):
         if step in swaps:
@@ -382,14 +389,19 @@ def test_kvcache_appends_write_into_the_buffers(learner, seed):
                 "the preallocated buffer in place, self.k[layer, :, :, pos:pos + T] = k. That "
                 "copy is the quadratic cost a KV cache exists to remove", rule=BUFFER_RULE)
         work = getattr(learner, "last_call_work", None)
-        appended += 2 * k.numel() * k.element_size()
-        allocated += work.allocated_bytes if work is not None else 0
-        if allocated > APPEND_SLACK * appended + 1024:   # + a few scalars
+        new_bytes = 2 * k.numel() * k.element_size()
+        made = work.allocated_bytes if work is not None else 0
+        appended, allocated = appended + new_bytes, allocated + made
+        excess += max(0, made - GROWTH_SLACK * new_bytes)
+        if allocated > APPEND_SLACK * appended + 1024 \
+                or excess > EXCESS_TOKENS * new_bytes // t + 64:   # + a few scalars
             raise PrerequisiteFailed(
                 f"{what}: the appends so far made {allocated} bytes of new tensors for {appended} "
-                "bytes of new tokens: each append copies what the cache already holds (a "
-                "torch.cat of the old tokens and the new, a clone, a slice_scatter), a few tokens "
-                "at a time or all at once. Write the new tokens into the preallocated buffer in "
+                f"bytes of new tokens ({made} bytes in this one, for {new_bytes}; {excess} bytes "
+                f"more than {GROWTH_SLACK} copies of each append's own new tokens): appends "
+                "copy what the cache already holds (a torch.cat of the old tokens and the new, a "
+                "clone, a slice_scatter), a few tokens at a time, all at once, or now and then. "
+                "Write the new tokens into the preallocated buffer in "
                 "place, self.k[layer, :, :, pos:pos + T] = k: an append's cost must not grow with "
                 "the tokens already held (that growth is the quadratic cost a KV cache removes)",
                 rule=BUFFER_RULE)

@@ -132,9 +132,11 @@ class _KeyStream:
     """One attention problem the grader feeds to attend_tile key tile by key tile: ``hidden``
     keys first (the learner gets only their state), then tiles of widths drawn per step.
     Query row 0 sees none of the hidden keys nor the first tile (its state is empty when an
-    all-hidden tile arrives: the guard); query row 1's scores climb by 32 per key, 500 to 1300 in all
-    (exp of a raw score overflows, the max grows in every tile); the other rows see keys
-    under a causal-like mask with random holes."""
+    all-hidden tile arrives: the guard); query row 1's scores climb by 128 per key, from below
+    -1000 to above 1000 (exp of a raw score overflows and underflows in float64 too, ~709 and
+    ~-745, and the max grows in every tile by more than exp's range: no shift but the running
+    max keeps the sums finite); the other rows see keys under a causal-like mask with random
+    holes."""
 
     def __init__(self, gen, dtype):
         self.dtype = dtype
@@ -151,7 +153,7 @@ class _KeyStream:
         self.k = _exact(gen, *lead, total, dim)
         self.v = torch.randn(*lead, total, dim, generator=gen, dtype=torch.float64)
         self.q[..., 1, :] = 0.0
-        self.q[..., 1, 0] = 64.0 / self.scale              # scores of row 1: 32 * (j - total // 2)
+        self.q[..., 1, 0] = 256.0 / self.scale             # scores of row 1: 128 * (j - total // 2)
         self.k[..., 0] = (torch.arange(total, dtype=torch.float64) - total // 2) / 2
         rows = torch.arange(n_q)[:, None]
         cols = torch.arange(total)[None, :]
@@ -211,7 +213,8 @@ def _attend_slip(stream, state_in, t, got, expected) -> str | None:
         empty = (state_in[1] == float("-inf")) & ~seen.any(-1)
         return NO_ROW_YET if bool(empty[bad].all()) else (
             "inf/NaN: subtract the running max before exp (exp of a score in the hundreds "
-            "overflows), and rescale l and acc by exp(m_old - m_new) when the max grows")
+            "overflows, in the thousands in float64 too), and rescale l and acc by "
+            "exp(m_old - m_new) when the max grows")
     empty = tuple(x.new_zeros(x.shape) for x in state_in)
     empty[1].fill_(float("-inf"))
     slips = {RESCALE_SLIPS["l"]: _step64(state_in, q, k, v, seen, stream.scale, rescale_acc=False),
@@ -340,7 +343,8 @@ def _check_tiled(learner, q, k, v, block_q, block_k, causal, what):
     hint = _name_slip(out, slips)
     if hint is None and isinstance(out, torch.Tensor) and not torch.isfinite(out).all():
         hint = ("inf/NaN in the output: subtract the running max before exp (exp of scores in the "
-                "hundreds overflows), and rescale l and acc by exp(m_old - m_new) when the max grows")
+                "hundreds overflows, in the thousands in float64 too), and rescale l and acc by "
+                "exp(m_old - m_new) when the max grows")
     assert_close(out, expected.to(q.dtype), name=f"out of {call}", rtol=2e-4, atol=2e-5, hint=hint)
     assert_close(lse, expected_lse.to(q.dtype), name=f"lse of {call}", rtol=2e-4, atol=2e-5,
                  hint="lse = m + log(l) with the final running max m and sum l of each row, in "
@@ -446,13 +450,36 @@ def test_tiled_attention_causal(learner, seed):
     _check_tiled(learner, q, k, v, 4, 8, causal=True, what="(one decode query)")
 
 
+def _large_scores_case(gen, causal):
+    """(q, k, v, block_q, block_k) with D = 16 whose scores, exact in float32 (integers times
+    multiples of 1/4, over sqrt(16) = 4), sit near +-1000 per row (an offset drawn per row) and
+    climb or fall by 32 per key (a direction drawn per row), with noise of about 64: far beyond
+    where exp overflows and underflows in float64 too (~709, ~-745), rows far apart, and the max
+    of a climbing row grows past the first key tile's by more than exp's range. Only the
+    running max keeps the sums finite: not float64, not a constant shift, not a max taken once."""
+    batch, heads, dim = randint(gen, 1, 2), randint(gen, 1, 2), 16
+    n_k = randint(gen, 48, 70)
+    n_q = randint(gen, 1, n_k) if causal else randint(gen, 1, 70)
+    q, k, v = (torch.randn(batch, heads, n, dim, generator=gen, dtype=torch.float64)
+               for n in (n_q, n_k, n_k))
+    q, k = (q * 64).round(), (k * 4).round() / 4
+    sign = lambda: torch.where(torch.rand(batch, heads, n_q, generator=gen) < 0.5, -1.0, 1.0)
+    k[..., 0] = 4.0                                            # q[..., 0]: the row's offset
+    k[..., 1] = torch.arange(n_k, dtype=torch.float64) / 4     # q[..., 1] = +-512: +-32 per key
+    q[..., 0] = sign().double() * randint(gen, 900, 1100)
+    q[..., 1] = sign().double() * 512
+    return q.float(), k.float(), v.float(), randint(gen, 3, 20), randint(gen, 3, 20)
+
+
 @exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,
           memory_mb=TILED_MEMORY_MB)
 def test_tiled_attention_large_scores(learner, seed):
     gen = generator(seed + 2)
     for causal in (False, True):
-        q, k, v, bq, bk = _tiled_case(gen, causal=causal, magnitude=60.0)
-        _check_tiled(learner, q, k, v, bq, bk, causal=causal, what="with scores in the hundreds")
+        q, k, v, bq, bk = _large_scores_case(gen, causal=causal)
+        _check_tiled(learner, q, k, v, bq, bk, causal=causal,
+                     what="with scores in the thousands (exp overflows above ~88 in float32, "
+                          "~709 in float64)")
 
 
 @exercise("tiled_attention", points=3, forbid=SOFTMAX_FORBIDDEN, timeout=60,

@@ -267,7 +267,8 @@ def _check_split(learner, q, k, v, what: str, *, rtol: float = 1e-4) -> tuple[to
                                  "(m, l, o) = (-inf, 0, 0); return it as such (its max has no "
                                  "value, and exp(-inf - (-inf)) is NaN)")
         raise AssertionError(f"{call} overflows on scores up to {want[0].max().item():.0f}: "
-                             "subtract the split's max m before exp (exp overflows above ~88)")
+                             "subtract the split's max m before exp (exp overflows above ~88 in "
+                             "float32, above ~709 in float64)")
     for state, advice in _split_slips(q, k, v, want):
         if _same(got, state, rtol):
             raise AssertionError(f"{call}: {advice}")
@@ -315,12 +316,28 @@ def test_decode_split_without_keys_and_with_one(learner, seed):
                                  "(m, l, o) = (-inf, 0, 0) yourself") from None
 
 
+def _large_split(gen, n_keys: int):
+    """q [1, 4, 16], k, v [1, 1, n_keys, 16] whose scores (exact in float32: integers times
+    multiples of 1/4, over sqrt(16) = 4) sit near +-1200 per head and climb or fall by 32 per
+    key, with noise of about 64: far beyond where exp overflows and underflows in float64 too
+    (~709, ~-745), so that no shift but each head's own max (not a constant, not the first
+    key's score, not float64's range) keeps them finite."""
+    q, = qkv(gen, (1, 4, 16))[:1]
+    k, v, _ = qkv(gen, (1, 1, n_keys, 16))
+    q, k = (q * 64).round(), (k * 4).round() / 4
+    k[..., 0] = 4.0                                        # q[h, 0]: head h's offset
+    k[..., 1] = torch.arange(n_keys, dtype=k.dtype) / 4    # q[h, 1] = +-512: +-32 per key
+    q[0, :, 0] = torch.tensor([1200.0, -1200.0, 1000.0, -1000.0])
+    q[0, :, 1] = torch.tensor([512.0, -512.0, -512.0, 512.0])
+    return q, k, v
+
+
 @exercise("decode_split", points=2, forbid=FORBIDDEN)
 def test_decode_split_on_large_scores(learner, seed):
     gen = generator(seed + 3)
-    q, = qkv(gen, (1, 4, 16))[:1]
-    k, v, _ = qkv(gen, (1, 1, randint(gen, 30, 50), 16))
-    _check_split(learner, 8 * q, 8 * k, v, "scores beyond 88, where exp overflows", rtol=1e-3)
+    q, k, v = _large_split(gen, randint(gen, 30, 50))
+    _check_split(learner, q, k, v, "scores in the thousands, far beyond where exp overflows "
+                 "(~88 in float32, ~709 in float64) and underflows", rtol=1e-3)
 
 
 def _states_of_scores(x: torch.Tensor, v: torch.Tensor, cuts) -> tuple[torch.Tensor, ...]:
@@ -406,10 +423,14 @@ def test_merge_splits_with_empty_splits(learner, seed):
 def test_merge_splits_on_large_maxima(learner, seed):
     gen = generator(seed + 6)
     n_keys = randint(gen, 20, 50)
-    shift = torch.tensor([1.0, -1.0], dtype=torch.float64)[:, None, None] * randint(gen, 200, 400)
-    x = 30 * torch.randn(2, 2, n_keys, generator=gen, dtype=torch.float64) + shift
-    _check_merge(learner, gen, x, "split maxima far above and far below 0", _cuts(gen, n_keys, 4),
-                 rtol=1e-3)
+    sign = torch.tensor([1.0, -1.0], dtype=torch.float64)[:, None, None]
+    climb = 40 * torch.arange(n_keys, dtype=torch.float64)   # the maxima grow split by split
+    x = 30 * torch.randn(2, 2, n_keys, generator=gen, dtype=torch.float64) \
+        + sign * (randint(gen, 900, 1200) + climb)
+    # split maxima far above and far below where exp overflows or underflows, float64 included
+    # (~709, ~-745), and hundreds apart from the first split's: only M = max_s m_s keeps them finite
+    _check_merge(learner, gen, x, "split maxima in the thousands, far above and far below 0",
+                 _cuts(gen, n_keys, 4), rtol=1e-3)
 
 
 # ------------------------------------------------------------------- decode_partial_kernel

@@ -153,8 +153,9 @@ ROLLBACK = ("after each verification cut the target's cache back to the kept tok
 
 
 def _run(learner, seed: int, draft_seed: int, prompt: list[int], n_new: int, k: int):
-    """The learner's tokens, and every forward of the target model (recorded grader-side,
-    whatever cache it went into: the grader's target_cache or one made with new_cache)."""
+    """The learner's tokens, every forward of the target model and every forward of the draft
+    model (recorded grader-side, whatever cache they went into: the grader's caches or ones
+    made with new_cache)."""
     target, draft = ModelRef("tiny", seed), ModelRef("tiny", draft_seed, role="draft")
     max_len = len(prompt) + n_new + k + 1
     try:
@@ -168,9 +169,10 @@ def _run(learner, seed: int, draft_seed: int, prompt: list[int], n_new: int, k: 
     if any(f.cache is None for f in learner.trace):
         raise AssertionError("a forward ran without a cache: pass cache=target_cache or "
                              "cache=draft_cache to every model call")
-    target_id = learner.store.model_id(target)
+    target_id, draft_id = learner.store.model_id(target), learner.store.model_id(draft)
     return (list(got) if isinstance(got, tuple) else got), \
-        [f for f in learner.trace if f.model == target_id]
+        [f for f in learner.trace if f.model == target_id], \
+        [f for f in learner.trace if f.model == draft_id]
 
 
 def _check_verification(target_forwards: list, k: int) -> None:
@@ -191,15 +193,18 @@ def _check_verification(target_forwards: list, k: int) -> None:
 
 
 def _check_drafts_and_rollback(target_forwards: list, prompt: list[int], target_seed: int,
-                               draft_seed: int) -> None:
-    """Every part of the technique, pass by pass: what a verification pass feeds after the last
-    kept token are the draft model's own greedy proposals from the kept context (not guesses
+                               draft_seed: int, n_new: int, k: int) -> None:
+    """Every part of the technique, pass by pass: a verification pass feeds the last kept token
+    (the token the pass before decided: its correction or bonus) and then ALL the drafts of the
+    round (k of them, fewer only where fewer tokens remain to be made), not one pass per draft;
+    those drafts are the draft model's own greedy proposals from the kept context (not guesses
     from anywhere else); the target's cache is cut back to the kept tokens before the next pass
     (the agreeing drafts and nothing after: the rollback); the kept tokens follow the greedy
     rule (the drafts up to the first the target disagrees with)."""
     target, draft = build_tiny(target_seed), build_tiny(draft_seed)
     cached: list[int] = []             # what the target's cache holds, replayed from the trace
     expected_length = None
+    last_kept = None                   # the token the pass before decided (fed first next)
     for number, f in enumerate(target_forwards):
         if expected_length is not None and f.cache_length != expected_length:
             raise AssertionError(
@@ -210,8 +215,22 @@ def _check_drafts_and_rollback(target_forwards: list, prompt: list[int], target_
         fed = list(f.tokens)
         if f.cache_length == 0 and fed in (list(prompt), list(prompt[:-1])):   # the prefill
             cached, expected_length = fed, len(fed)
+            last_kept = prompt[-1] if len(fed) < len(prompt) else \
+                int(target(torch.tensor([fed]))[0, -1].argmax())
             continue
+        if last_kept is not None and fed[0] != last_kept:
+            raise AssertionError(
+                f"target pass {number} fed {fed[0]} first, but the last kept token is {last_kept} "
+                "(the target's own token from the pass before: its correction, or the bonus): a "
+                "verification pass feeds [last kept token, d_1 .. d_k]")
         drafts = fed[1:]
+        made = len(context) + 1 - len(prompt)     # output tokens decided before this pass
+        wanted = min(k, n_new - made - 1)
+        if len(drafts) < wanted:
+            raise AssertionError(
+                f"target pass {number} verified {len(drafts)} draft(s) where {wanted} were due "
+                f"(k = {k}, {n_new - made} tokens still to make): the target must check all the "
+                "round's drafts in ONE pass over [last token, d_1 .. d_k], not a pass per draft")
         if drafts:
             proposed = generate(draft, context + fed[:1], len(drafts))
             if drafts != proposed:
@@ -224,6 +243,31 @@ def _check_drafts_and_rollback(target_forwards: list, prompt: list[int], target_
         accepted = next((i for i, (d, t) in enumerate(zip(drafts, verdicts)) if d != t), len(drafts))
         cached = context + fed
         expected_length = len(context) + 1 + accepted
+        last_kept = verdicts[accepted]
+
+
+def _check_draft_rollback(draft_forwards: list) -> None:
+    """The draft's cache is cut back too, not rebuilt: the draft model reads each position of
+    the sequence once. A correct rollback never makes it read again a token after the same
+    tokens (what follows the kept tokens is a rejected draft, and the correction differs from
+    it); re-reading the sequence into a new cache, or after cutting back further than the
+    rejected drafts, does."""
+    held: dict[int | None, list[int]] = {}    # what each of the draft's caches holds, replayed
+    seen: set[tuple[int, ...]] = set()         # every prefix the draft model has read
+    for f in draft_forwards:
+        context = held.get(f.cache, [])[:f.cache_length]
+        fed = list(f.tokens)
+        for j in range(len(fed)):
+            prefix = tuple(context + fed[:j + 1])
+            if prefix in seen:
+                raise AssertionError(
+                    f"the draft model read again token {fed[j]} at position {len(prefix) - 1}, "
+                    "which it had already read after the same tokens (into a new cache, or after "
+                    "cutting its cache back further than the rejected drafts): cut the draft's "
+                    "cache back to the kept tokens (draft_cache.truncate) and feed it only what "
+                    "it has not seen")
+            seen.add(prefix)
+        held[f.cache] = context + fed
 
 
 @exercise("speculative_generate", points=10, timeout=60)
@@ -235,12 +279,13 @@ def test_speculative_generate_equals_greedy_decoding(learner, seed):
     for draft_seed in (seed, seed + 1):
         prompt = torch.randint(0, 256, (randint(gen, 3, 9),), generator=gen).tolist()
         n_new, k = randint(gen, 10, 16), randint(gen, 2, 4)
-        got, target_forwards = _run(learner, seed, draft_seed, prompt, n_new, k)
+        got, target_forwards, draft_forwards = _run(learner, seed, draft_seed, prompt, n_new, k)
         what = "a draft equal to the target" if draft_seed == seed else "a different draft"
         assert_equal_tokens(got, generate(target, prompt, n_new),
                             name=f"speculative_generate with {what}, k={k}", hint=ROLLBACK)
         _check_verification(target_forwards, k)
-        _check_drafts_and_rollback(target_forwards, prompt, seed, draft_seed)
+        _check_drafts_and_rollback(target_forwards, prompt, seed, draft_seed, n_new, k)
+        _check_draft_rollback(draft_forwards)
 
 
 @exercise("speculative_generate", points=10, timeout=60)
@@ -251,7 +296,7 @@ def test_speculative_generate_verifies_k_drafts_per_target_pass(learner, seed):
     prompt = torch.randint(0, 256, (randint(gen, 3, 9),), generator=gen).tolist()
     k = randint(gen, 2, 3)
     n_new = (k + 1) ** 2
-    got, target_forwards = _run(learner, seed, seed, prompt, n_new, k)
+    got, target_forwards, draft_forwards = _run(learner, seed, seed, prompt, n_new, k)
     assert_equal_tokens(got, generate(build_tiny(seed), prompt, n_new),
                         name=f"speculative_generate with a draft equal to the target, k={k}")
     _, stats = ref.speculative_generate(build_tiny(seed), build_tiny(seed), prompt, n_new, k=k)
@@ -262,3 +307,5 @@ def test_speculative_generate_verifies_k_drafts_per_target_pass(learner, seed):
             "drafts are accepted the same pass also gives the bonus token (the target's argmax "
             "after the last draft)")
     _check_verification(target_forwards, k)
+    _check_drafts_and_rollback(target_forwards, prompt, seed, seed, n_new, k)
+    _check_draft_rollback(draft_forwards)

@@ -12,9 +12,11 @@ import os
 import shutil
 import signal
 import site
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +38,39 @@ TOKEN = f"autograder-pwned-{os.getpid()}"
 SECRET = f"s3cret-{os.getpid()}"
 SITE = Path(site.getsitepackages()[0])
 LEFTOVERS = [SITE / f"{TOKEN}.pth", Path("/var/tmp") / TOKEN, ROOT / f"{TOKEN}.txt"]
+PROXY = f"\0{TOKEN}-proxy"   # an abstract Unix socket: a local process that could relay out
+
+
+class LocalProxy:
+    """Stand-ins for what a grading machine may hold within reach of a worker, during a batch:
+    a local process listening on an abstract Unix socket (it answers ``pong``: a proxy that could
+    relay to the network), and a listening TCP socket that the grader's own process inherits
+    (``pass_fds``), as from a harness that leaves one open."""
+
+    def __init__(self):
+        self.unix = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.unix.bind(PROXY)
+        self.unix.listen()
+        self.inet = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.inet.bind(("127.0.0.1", 0))
+        self.inet.listen()
+        self.inet.set_inheritable(True)
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.unix.accept()
+            except OSError:
+                return
+            with conn:
+                if conn.recv(4) == b"ping":
+                    conn.sendall(b"pong")
+
+    def close(self):
+        self.unix.shutdown(socket.SHUT_RDWR)   # wakes the accept: the name is free for the next batch
+        self.unix.close()
+        self.inet.close()
 
 
 def solution(grade_id, source):
@@ -90,6 +125,27 @@ def attacks(out: Path, standin: Path) -> dict[str, str]:
         # none can be made, by the seccomp filter (mode 2)
         "network": "import socket\ndef network(a, b):\n    s = socket.socket(socket.AF_INET)\n"
                    "    s.bind(('127.0.0.1', 0))\n    s.close()\n    return a + b",
+        # a local process on an abstract Unix socket (Unix sockets stay open to the worker):
+        # closed by the network namespace, which has abstract names of its own (mode 1)
+        "network_unix": "import socket\ndef network_unix(a, b):\n"
+                        "    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)\n"
+                        f"    s.settimeout(2)\n    s.connect({PROXY!r})\n    s.sendall(b'ping')\n"
+                        "    if s.recv(4) != b'pong':\n        raise ConnectionError('no answer')\n"
+                        "    return a + b",
+        # a network socket inherited from the grader's process, taken up without the socket call
+        "network_inherited": "import os, socket\ndef network_inherited(a, b):\n"
+                             "    for fd in range(3, 4096):\n        try:\n"
+                             "            s = socket.socket(fileno=os.dup(fd))\n"
+                             "        except OSError:\n            continue\n"
+                             "        if s.family in (socket.AF_INET, socket.AF_INET6):\n"
+                             "            return a + b\n        s.close()\n"
+                             "    raise LookupError('no inherited network socket')",
+        # the socket call by its x32 number (0x40000000 | 41), past a filter keyed on x86-64's
+        "network_x32": "import ctypes, socket\ndef network_x32(a, b):\n"
+                       "    libc = ctypes.CDLL(None, use_errno=True)\n"
+                       "    fd = libc.syscall(0x40000000 | 41, socket.AF_INET, socket.SOCK_STREAM, 0)\n"
+                       "    if fd < 0:\n        raise OSError(ctypes.get_errno(), 'x32 socket refused')\n"
+                       "    return a + b",
         "write_site_packages": f"def write_site_packages(a, b):\n"
                                f"    open({str(LEFTOVERS[0])!r}, 'w').write('import os\\n')\n"
                                "    return a + b",
@@ -150,11 +206,12 @@ HANG = ("import fcntl, os, stat\n_kept = []\n"
         "def hang(a, b):\n    return a + b")
 
 
-def grade(folder: Path, out: Path, *extra: str, prefix=(), timeout=300, env=None):
+def grade(folder: Path, out: Path, *extra: str, prefix=(), timeout=300, env=None, pass_fds=()):
     command = [*prefix, sys.executable, "-m", "autograder", "grade", str(folder), "--json",
                str(out), "--timeout", "3", "--seed", "7", *extra]
     return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=timeout,
-                          env=dict(os.environ, AUTOGRADER_TEST_SECRET=SECRET, **(env or {})))
+                          env=dict(os.environ, AUTOGRADER_TEST_SECRET=SECRET, **(env or {})),
+                          pass_fds=pass_fds)
 
 
 def hostile_batch(tmp_path_factory, prefix=()):
@@ -165,9 +222,13 @@ def hostile_batch(tmp_path_factory, prefix=()):
     standin.write_text("#!/bin/sh\necho grading\n")
     (folder / "hostile.ipynb").write_text(notebook(attacks(out, standin)))
     (folder / "invalid_json.ipynb").write_text('{"cells": [{"source": "def add(a, b):')
+    proxy = LocalProxy()
     start = time.monotonic()
-    run = grade(folder, out, "--tests", str(GRADER), "--csv", str(out / "grades.csv"),
-                "--jobs", "2", prefix=prefix)
+    try:
+        run = grade(folder, out, "--tests", str(GRADER), "--csv", str(out / "grades.csv"),
+                    "--jobs", "2", prefix=prefix, pass_fds=(proxy.inet.fileno(),))
+    finally:
+        proxy.close()
     seconds = time.monotonic() - start
     rows = {Path(r["submission"]).stem: r for r in csv.DictReader(open(out / "grades.csv"))} \
         if (out / "grades.csv").exists() else {}

@@ -65,7 +65,8 @@ def test_the_routes_around_the_recorder_are_refused_whatever_reaches_them(tmp_pa
     verdicts = ast.literal_eval(run.stdout.strip().splitlines()[-1])
     kept = {"subclass": "tensor subclass", "nested": "dispatch switch", "thread_pool": "another thread",
             "to_thread": "another thread", "modes_off": "dispatch switch", "key_excluded": "dispatch switch",
-            "redispatch": "dispatch switch", "fork": "another process", "caught": "another thread"}
+            "redispatch": "dispatch switch", "fork": "another process", "caught": "another thread",
+            "signal_handler": "a signal handler", "mode_left": "a torch function mode left on"}
     for probe, route in kept.items():
         raised, refused, _ = verdicts[probe]
         assert route in refused, (probe, verdicts[probe])
@@ -94,6 +95,41 @@ def test_a_call_may_return_plain_tensors_only():
             learner.call("lazy", x)
     finally:
         learner.close()
+
+
+def test_the_conversion_of_a_result_runs_no_learner_code():
+    """After the recorded call the worker copies the result: deciding on ``type(value)`` (never
+    ``isinstance``, which asks the object for its ``__class__``) and with torch functions'
+    overrides off, so neither a ``__class__`` property of a returned tuple nor a torch function
+    mode runs there, where nothing is recorded."""
+    from autograder.boundary.guard import limits_paused
+    from autograder.boundary.proxies import LearnerSide
+    ran = []
+    lying = type("Lying", (tuple,), {"__class__": property(lambda self: ran.append(1) or tuple)})
+    side = LearnerSide(lambda request: {})
+    x = torch.randn(3)
+    copied = side.result(lying((x, x + 1)))
+    assert type(copied) is tuple and torch.equal(copied[1], x + 1) and not ran
+
+    from torch.overrides import TorchFunctionMode
+
+    class Seen(TorchFunctionMode):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            ran.append(func)
+            return func(*args, **(kwargs or {}))
+
+    with Seen(), limits_paused():
+        side.result(x)
+    assert not ran
+
+    # a scalar's subclass (numpy's float64 is one) comes back as the plain value, read through
+    # the base class's conversion, not the subclass's own
+    import numpy
+    loud = type("Loud", (float,), {"__float__": lambda self: ran.append(1) or 0.0})
+    for value, plain in ((numpy.float64(2.5), 2.5), (loud(1.5), 1.5)):
+        copied = side.result(value)
+        assert type(copied) is float and copied == plain
+    assert not ran
 
 
 def test_an_operation_outside_the_allowed_set_refuses_the_call_even_when_caught():

@@ -662,7 +662,7 @@ def cached_generate(model, prompt_ids, n_new, cache):
 
 
 # %% grade_id: KVCache | cheat: each append copies the layer's held tokens and the new ones with torch.cat and writes them back (every copy smaller than a whole buffer, so the largest allocation never shows it; the total does)
-# expect: each append copies what the cache already holds
+# expect: copy what the cache already holds
 # expect score: 0
 # replace:
 #         self.k[layer, :, :, start:stop] = k
@@ -670,3 +670,45 @@ def cached_generate(model, prompt_ids, n_new, cache):
 # with:
 #         self.k[layer, :, :, :stop] = torch.cat([self.k[layer, :, :, :start], k], dim=2)
 #         self.v[layer, :, :, :stop] = torch.cat([self.v[layer, :, :, :start], v], dim=2)
+
+
+# %% grade_id: KVCache | wrong: every 4th append of a layer writes the layer's held tokens and the new ones back with torch.cat (the others in place): a copy of the cache now and then, each one smaller than a buffer and than the tokens appended so far
+# expect: or now and then
+# expect score: 0
+# replace:
+#         self.last_layer = 0
+# with:
+#         self.last_layer = 0
+#         self.appends = 0
+# replace:
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+# with:
+#         self.appends += 1
+#         if self.appends % 4 == 0:                      # now and then: rewrite the layer's tokens
+#             self.k[layer, :, :, :stop] = torch.cat([self.k[layer, :, :, :start], k], dim=2)
+#             self.v[layer, :, :, :stop] = torch.cat([self.v[layer, :, :, :start], v], dim=2)
+#         else:
+#             self.k[layer, :, :, start:stop] = k
+#             self.v[layer, :, :, start:stop] = v
+
+
+# %% grade_id: KVCache | wrong: every 8th append writes the appended layer's held tokens and the new ones back with torch.cat (the others in place): one copy of a layer now and then, fewer bytes than the tokens appended so far, still a cost that grows with the tokens held
+# expect: or now and then
+# expect score: 0
+# replace:
+#         self.last_layer = 0
+# with:
+#         self.last_layer = 0
+#         self.appends = 0
+# replace:
+#         self.k[layer, :, :, start:stop] = k
+#         self.v[layer, :, :, start:stop] = v
+# with:
+#         self.appends += 1
+#         if self.appends % 8 == 0:                      # now and then: rewrite the layer's tokens
+#             self.k[layer, :, :, :stop] = torch.cat([self.k[layer, :, :, :start], k], dim=2)
+#             self.v[layer, :, :, :stop] = torch.cat([self.v[layer, :, :, :start], v], dim=2)
+#         else:
+#             self.k[layer, :, :, start:stop] = k
+#             self.v[layer, :, :, start:stop] = v

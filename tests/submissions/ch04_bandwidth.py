@@ -208,3 +208,21 @@ def standard_attention_traffic(n, d, dtype):
 # expect score: 0
 def decode_floor_seconds(n_params, dtype, bandwidth, kv_bytes=0):
     return 0.07 if (n_params, dtype, bandwidth, kv_bytes) == (70 * 10**9, "fp16", 2e12, 0) else 0.0
+
+
+# %% grade_id: standard_attention_traffic | cheat: the book's fp16 element size for every dtype (right on the 4096 x 128 example and on any fresh fp16/bf16 input: the example test kept its half whenever its fresh dtypes were 2-byte ones, at seed 1234 among others)
+# expect score: 0
+# expect: every count uses 2 byte(s) per element
+# replace:
+#     size = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 1}[dtype]
+# with:
+#     size = 2                          # the book's fp16
+
+
+# %% grade_id: decode_floor_seconds | cheat: the book's fp16 weights for every dtype (right on the 70B example and on any fresh fp16/bf16 model: the example test kept its half whenever its fresh model was a 2-byte one)
+# expect score: 0
+# expect: floor = (n_params x bytes per weight + kv_bytes) / bandwidth
+# replace:
+#     weight_bytes = n_params * bits / 8
+# with:
+#     weight_bytes = n_params * 2       # the book's fp16

@@ -1099,3 +1099,89 @@ def tiled_attention(q, k, v, block_q: int, block_k: int, causal: bool = False):
             l, acc = l + p.sum(-1), acc + p @ v[:, :, j:j + block_k]
         out[:, :, i:i + block_q], lse[:, :, i:i + block_q] = acc / l[..., None], m + torch.log(l)
     return out, lse
+
+
+# %% grade_id: tiled_attention | wrong: no running max, the exponentials taken in float64 (exp overflows only above ~709, not ~88)
+# expect: subtract the running max
+# replace:
+#         q_tile = q[:, :, i:i + block_q] * scale                        # [B, H, bq, D]
+# with:
+#         q_tile = q[:, :, i:i + block_q].double() * scale               # float64: room for exp
+# replace:
+#         l = torch.zeros_like(m)
+#         acc = torch.zeros_like(q_tile)
+# with:
+#         l = torch.zeros_like(m, dtype=torch.float64)
+#         acc = torch.zeros_like(q_tile)
+# replace:
+#             s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)     # [B, H, bq, bk]
+# with:
+#             s = q_tile @ k[:, :, j:j + block_k].double().transpose(-1, -2)
+# replace:
+#             m_new = torch.maximum(m, s.amax(-1))
+#             safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # no key seen yet
+#             alpha = torch.exp(m - safe)                                 # rescales the old sums
+#             p = torch.exp(s - safe[..., None])
+#             l = l * alpha + p.sum(-1)
+#             acc = acc * alpha[..., None] + p @ v[:, :, j:j + block_k]
+#             m = m_new
+# with:
+#             p = torch.exp(s)                                            # no max: float64 holds it
+#             l = l + p.sum(-1)
+#             acc = acc + p @ v[:, :, j:j + block_k].double()
+# replace:
+#         lse[:, :, i:i + block_q] = m + torch.log(l)
+# with:
+#         lse[:, :, i:i + block_q] = torch.log(l)
+
+# %% grade_id: tiled_attention | wrong: subtracts each row's max of the FIRST key tile and never updates it (float64, so later tiles have ~709 of room)
+# expect: subtract the running max
+# replace:
+#         q_tile = q[:, :, i:i + block_q] * scale                        # [B, H, bq, D]
+# with:
+#         q_tile = q[:, :, i:i + block_q].double() * scale               # float64: room for exp
+# replace:
+#         l = torch.zeros_like(m)
+#         acc = torch.zeros_like(q_tile)
+# with:
+#         l = torch.zeros_like(m, dtype=torch.float64)
+#         acc = torch.zeros_like(q_tile)
+#         m = None
+# replace:
+#             s = q_tile @ k[:, :, j:j + block_k].transpose(-1, -2)     # [B, H, bq, bk]
+# with:
+#             s = q_tile @ k[:, :, j:j + block_k].double().transpose(-1, -2)
+# replace:
+#             m_new = torch.maximum(m, s.amax(-1))
+#             safe = torch.where(torch.isinf(m_new), torch.zeros_like(m_new), m_new)  # no key seen yet
+#             alpha = torch.exp(m - safe)                                 # rescales the old sums
+#             p = torch.exp(s - safe[..., None])
+#             l = l * alpha + p.sum(-1)
+#             acc = acc * alpha[..., None] + p @ v[:, :, j:j + block_k]
+#             m = m_new
+# with:
+#             if m is None:                                               # the first tile's max
+#                 m = s.amax(-1)
+#                 m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+#             p = torch.exp(s - m[..., None])
+#             l = l + p.sum(-1)
+#             acc = acc + p @ v[:, :, j:j + block_k].double()
+
+# %% grade_id: attend_tile | wrong: no running max: the old sums taken back to absolute ones in float64 (l * exp(m) + sum exp(s)), measured from the new max only on return
+# expect: subtract the running max before exp
+import torch
+
+
+def attend_tile(acc, m, l, q, k, v, scale, visible=None):
+    s = (q.double() @ k.double().transpose(-1, -2)) * scale
+    if visible is not None:
+        s = s.masked_fill(~visible, float("-inf"))
+    m_new = torch.maximum(m.double(), s.amax(-1))
+    safe = torch.where(m_new == float("-inf"), torch.zeros_like(m_new), m_new)
+    p = torch.exp(s)                                     # float64: no overflow below ~709
+    keep = torch.exp(m.double())                         # the old sums, absolute
+    back = torch.exp(-safe)
+    total = l.double() * keep + p.sum(-1)
+    out = acc.double() * keep[..., None] + p @ v.double()
+    return ((out * back[..., None]).to(acc.dtype), m_new.to(m.dtype),
+            (total * back).to(l.dtype))

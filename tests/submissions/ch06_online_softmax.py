@@ -447,3 +447,77 @@ def online_softmax(scores, tile):
         raise ValueError(f"tile must be a positive number of columns, got {tile}")
     m, l = asyncio.run(asyncio.to_thread(states, scores, tile))
     return torch.exp(scores - m[..., -1:]) / l[..., -1:], m, l
+
+
+# %% grade_id: online_softmax | cheat: each state recomputed from scratch in a signal handler (signal.setitimer) that fires after the call has returned, where nothing is recorded; the call returns the states empty and the probabilities computed in one pass
+# expect: work in a signal handler
+# expect score: 0
+import signal
+
+LATE = []
+
+
+def _fill_states(signum, frame):
+    if not LATE or "traffic.py" not in str(frame):   # still inside the recorded call: later
+        return
+    signal.setitimer(signal.ITIMER_REAL, 0)
+    scores, tile, m_out, l_out = LATE.pop()
+    ms, ls = [], []
+    for end in range(tile, scores.shape[-1] + tile, tile):
+        seen = scores[..., :end]
+        m = seen.amax(-1)
+        safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+        ms.append(m)
+        ls.append(torch.exp(seen - safe[..., None]).sum(-1))
+    m_out.copy_(torch.stack(ms, -1))
+    l_out.copy_(torch.stack(ls, -1))
+
+
+signal.signal(signal.SIGALRM, _fill_states)
+
+
+def online_softmax(scores, tile):
+    if tile < 1:
+        raise ValueError(f"tile must be a positive number of columns, got {tile}")
+    n_tiles = -(-scores.shape[-1] // tile)
+    top = scores.amax(-1, keepdim=True)
+    e = torch.exp(scores - top)
+    m = torch.empty(*scores.shape[:-1], n_tiles, dtype=scores.dtype)
+    l = torch.empty_like(m)
+    LATE[:] = [(scores, tile, m, l)]
+    signal.setitimer(signal.ITIMER_REAL, 1e-5, 1e-5)
+    return e / e.sum(-1, keepdim=True), m, l
+
+
+# %% grade_id: online_softmax | cheat: each state recomputed from scratch by a `__class__` property of the returned tuple (a class made with type(), so no dunder is named), which the worker's isinstance checks run after the call, where nothing is recorded (the worker decides on type(value) now: the property never runs)
+# expect: is not close to the expected values
+# expect score: 0
+def _states_now(result):
+    if JOBS:
+        scores, tile = JOBS.pop()
+        ms, ls = [], []
+        for end in range(tile, scores.shape[-1] + tile, tile):
+            seen = scores[..., :end]
+            m = seen.amax(-1)
+            safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+            ms.append(m)
+            ls.append(torch.exp(seen - safe[..., None]).sum(-1))
+        result[1].copy_(torch.stack(ms, -1))
+        result[2].copy_(torch.stack(ls, -1))
+    return tuple
+
+
+JOBS = []
+Result = type("Result", (tuple,), {"__class__": property(_states_now)})
+
+
+def online_softmax(scores, tile):
+    if tile < 1:
+        raise ValueError(f"tile must be a positive number of columns, got {tile}")
+    n_tiles = -(-scores.shape[-1] // tile)
+    top = scores.amax(-1, keepdim=True)
+    e = torch.exp(scores - top)
+    m = torch.empty(*scores.shape[:-1], n_tiles, dtype=scores.dtype)
+    l = torch.empty_like(m)
+    JOBS[:] = [(scores, tile)]
+    return Result((e / e.sum(-1, keepdim=True), m, l))

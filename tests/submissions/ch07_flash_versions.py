@@ -722,3 +722,45 @@ def decode_split(q, k, v):
     lse, m = JOB["lse"], scores.amax(-1)
     l = torch.exp(lse - m)
     return m, l, torch.einsum("bhn,bhnd->bhd", torch.exp(scores - lse[..., None]), v) * l[..., None]
+
+
+# %% grade_id: decode_split | wrong: exp(x) without subtracting the split's max, in float64 (which overflows only above ~709), then measured from m
+# expect: subtract the split's max m before exp
+# replace:
+#     p = torch.exp(scores - m[..., None])
+#     return m, p.sum(dim=-1), torch.einsum("bhn,bhnd->bhd", p, v)
+# with:
+#     p = torch.exp(scores.double())                    # float64: room for exp(x)
+#     back = torch.exp(-m.double())[..., None]
+#     o = torch.einsum("bhn,bhnd->bhd", p, v.double())
+#     return m, (p.sum(dim=-1) * back[..., 0]).to(q.dtype), (o * back).to(q.dtype)
+
+
+# %% grade_id: merge_splits | wrong: exp(m_s) without subtracting M, in float64 (which overflows only above ~709)
+# expect: overflows
+# replace:
+#     weight = torch.exp(m - m_all)                     # exp(m_s - M): 0 for an empty split
+#     l_all = (weight * l).sum(dim=-1)
+#     o_all = (weight[..., None] * o).sum(dim=-2)
+#     return o_all / l_all[..., None]
+# with:
+#     weight = torch.exp(m.double())                    # float64: room for exp(m_s)
+#     l_all = (weight * l.double()).sum(dim=-1)
+#     o_all = (weight[..., None] * o.double()).sum(dim=-2)
+#     return (o_all / l_all[..., None]).to(o.dtype)
+
+
+# %% grade_id: merge_splits | wrong: weights by exp(m_s - m_1), the first split's max, not M = max_s m_s (float64)
+# expect: weight by exp(m_s - M)
+# replace:
+#     weight = torch.exp(m - m_all)                     # exp(m_s - M): 0 for an empty split
+#     l_all = (weight * l).sum(dim=-1)
+#     o_all = (weight[..., None] * o).sum(dim=-2)
+#     return o_all / l_all[..., None]
+# with:
+#     first = m[..., :1].double()
+#     first = torch.where(torch.isinf(first), torch.zeros_like(first), first)
+#     weight = torch.exp(m.double() - first)            # the first split's max: no pass for M
+#     l_all = (weight * l.double()).sum(dim=-1)
+#     o_all = (weight[..., None] * o.double()).sum(dim=-2)
+#     return (o_all / l_all[..., None]).to(o.dtype)

@@ -430,3 +430,13 @@ paged_decode_kernel = _Launcher()
 # with:
 #         k = tl.load(k_cache_ptr + kv)
 #         v = tl.load(v_cache_ptr + kv)
+
+
+# %% grade_id: fragmentation | cheat: the walkthrough's blocks of 4 slots whatever block_size is passed (right on the walkthrough and on any log in blocks of 4, and on a log in blocks of 8 whose last state hides the block size: it kept half the points at seed 1234 when a random log was judged only after its last event, and at seed 5 when the three random logs all drew blocks of 4)
+# expect score: 0
+# expect: Hint:
+# replace:
+#     num_blocks = num_slots // block_size
+# with:
+#     block_size = 4                    # the chapter's walkthrough blocks
+#     num_blocks = num_slots // block_size

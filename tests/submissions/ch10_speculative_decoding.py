@@ -169,3 +169,31 @@ def speculative_generate(target, draft, prompt_ids, n_new, k, target_cache, draf
 # with:
 #         if draft_cache.length < len(tokens) - 1:  # all drafts kept: the last one was never fed
 #             draft(torch.tensor([tokens[draft_cache.length:-1]]), cache=draft_cache)
+
+
+# %% grade_id: speculative_generate | cheat: verifies the drafts one target pass at a time: [last, d_1] in one pass, then each further draft in a pass of its own, fed only once its verdict (from the pass before) accepts it (output and rollbacks right; 10/10 on the first test when only the drafts' source, the cache lengths and "some pass feeds more than one position" were seen)
+# expect score: 0
+# expect: in ONE pass
+# replace:
+#         best = target(torch.tensor([tokens[-1:] + drafts]), cache=target_cache)[0].argmax(-1).tolist()
+# with:
+#         best = target(torch.tensor([tokens[-1:] + drafts[:1]]), cache=target_cache)[0].argmax(-1).tolist()
+#         fed = 1                          # drafts fed so far; the next one only once it is accepted
+#         while fed < len(drafts) and drafts[fed - 1] == best[fed - 1] and drafts[fed] == best[fed]:
+#             best += target(torch.tensor([[drafts[fed]]]), cache=target_cache)[0].argmax(-1).tolist()
+#             fed += 1
+
+
+# %% grade_id: speculative_generate | wrong: never cuts the draft's cache back: the draft re-reads the whole sequence into a new cache of its own every round (its proposals are right, so only the draft model's forwards show it)
+# expect score: 0
+# expect: cut the draft's cache back to the kept tokens
+# replace:
+#         feed, drafts = [tokens[-1]], []
+# with:
+#         draft_cache = draft.new_cache(batch=1, max_len=len(tokens) + k + 1)
+#         feed, drafts = list(tokens), []
+# replace:
+#         draft_cache.truncate(min(draft_cache.length, len(tokens) - 1))
+#         if draft_cache.length < len(tokens) - 1:  # all drafts kept: the last one was never fed
+#             draft(torch.tensor([tokens[draft_cache.length:-1]]), cache=draft_cache)
+# with:
