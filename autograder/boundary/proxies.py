@@ -145,8 +145,8 @@ def _plain(value: Any) -> Any:
         return plain_tensor(value)
     if _one_of(kind, SCALARS):
         return value
-    if _scalar(value, kind) is not None:
-        return _scalar(value, kind)
+    if (plain := _scalar(value, kind)) is not None:
+        return plain
     if issubclass(kind, (list, tuple)):
         return kind(_plain(v) for v in value) if _one_of(kind, (list, tuple)) \
             else [_plain(v) for v in _items(value)]
@@ -187,8 +187,8 @@ class LearnerSide:
             return plain_tensor(value)
         if _one_of(kind, SCALARS):
             return value
-        if _scalar(value, kind) is not None:
-            return _scalar(value, kind)
+        if (plain := _scalar(value, kind)) is not None:
+            return plain
         if kind is list:
             return [self.result(v) for v in value]
         if issubclass(kind, tuple):   # a named tuple too; its items, not its own __iter__

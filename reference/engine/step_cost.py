@@ -15,6 +15,7 @@ token of a new request (TTFT) and the next token of the running ones (TPOT).
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 from reference.calculators.hardware import gpu
@@ -38,10 +39,13 @@ class StepClock:
             cost = forward_cost(self.model, batch=1, new_tokens=new_tokens, context=context,
                                 weight_dtype=self.dtype)
             flops, kv_bytes = flops + cost.flops, kv_bytes + cost.kv_bytes
-        weights = forward_cost(self.model, batch=1, new_tokens=1, weight_dtype=self.dtype).weight_bytes
-        return max(flops / device.fp16_flops, (weights + kv_bytes) / device.hbm_bandwidth)
+        return max(flops / device.fp16_flops, (self._weight_bytes + kv_bytes) / device.hbm_bandwidth)
 
-    @property
+    @functools.cached_property
+    def _weight_bytes(self) -> int:
+        return forward_cost(self.model, batch=1, new_tokens=1, weight_dtype=self.dtype).weight_bytes
+
+    @functools.cached_property   # computed once per clock: `cost` divides every step by it
     def decode_step_seconds(self) -> float:
         """The unit: a batch-1 decode with an empty cache (memory-bound: one weight read)."""
         return self.seconds([(1, 0)])
