@@ -30,7 +30,7 @@ from autograder.boundary.causes import NOT_IMPLEMENTED, LearnerError
 from autograder.rules.feedback import PrerequisiteFailed, assert_close
 from autograder.rules.forbid import SOFTMAX_FAMILY
 from autograder.rules.gpu_targets import Build, planned, require_gpu_build
-from autograder.rules.inputs import generator, qkv, randint
+from autograder.rules.inputs import climbing_scores, generator, large_rows, qkv, randint
 from autograder.rules.kernel_rules import (fixed_size_aranges, kernel_source, key_loops,
                                            loop_problem, require_traffic)
 from autograder.rules.plugin import exercise
@@ -317,18 +317,15 @@ def test_decode_split_without_keys_and_with_one(learner, seed):
 
 
 def _large_split(gen, n_keys: int):
-    """q [1, 4, 16], k, v [1, 1, n_keys, 16] whose scores (exact in float32: integers times
-    multiples of 1/4, over sqrt(16) = 4) sit near +-1200 per head and climb or fall by 32 per
-    key, with noise of about 64: far beyond where exp overflows and underflows in float64 too
-    (~709, ~-745), so that no shift but each head's own max (not a constant, not the first
-    key's score, not float64's range) keeps them finite."""
+    """q [1, 4, 16], k, v [1, 1, n_keys, 16] whose scores sit near +-1200 and +-1000 (one per
+    head) and climb or fall by 32 per key (see ``climbing_scores``), so that no shift but each
+    head's own max (not a constant, not the first key's score, not float64's range) keeps them
+    finite."""
     q, = qkv(gen, (1, 4, 16))[:1]
     k, v, _ = qkv(gen, (1, 1, n_keys, 16))
-    q, k = (q * 64).round(), (k * 4).round() / 4
-    k[..., 0] = 4.0                                        # q[h, 0]: head h's offset
-    k[..., 1] = torch.arange(n_keys, dtype=k.dtype) / 4    # q[h, 1] = +-512: +-32 per key
-    q[0, :, 0] = torch.tensor([1200.0, -1200.0, 1000.0, -1000.0])
-    q[0, :, 1] = torch.tensor([512.0, -512.0, -512.0, 512.0])
+    q, k = climbing_scores(q, k, torch.arange(n_keys),
+                           offsets=torch.tensor([1200.0, -1200.0, 1000.0, -1000.0]),
+                           directions=torch.tensor([1.0, -1.0, -1.0, 1.0]))
     return q, k, v
 
 
@@ -542,24 +539,26 @@ def _launch(learner, q, k, v, bounds, chunk, block_n):
     return tuple(t.cpu().double() for t in args[3:6])
 
 
-# Scores of the large case: q scaled so that the scores reach the hundreds, far above where exp
-# overflows float32 (~88) and far below where it underflows; a kernel without a running max fails.
-LARGE = 40.0
-
-
 def _check_kernel(learner, gen, batch, heads, kv_heads, splits_with_keys, num_splits,
-                  magnitude: float = 1.0):
+                  large: bool = False):
+    """One launch on drawn sizes; ``large``: scores in the thousands (``climbing_scores``), far
+    beyond where exp overflows and underflows in float32 and float64 alike."""
     block_n, dim, chunk, n_keys = _kernel_case(gen, splits_with_keys)
     source = kernel_source(learner, KERNEL)
     _method_problem(source, block_n)
     q, = qkv(gen, (batch, heads, dim))[:1]
     k, v, _ = qkv(gen, (batch, kv_heads, n_keys, dim))
-    q, k, v = (2 * t.float() for t in (q * magnitude, k, v))
-    rtol = 1e-4 if magnitude == 1 else 1e-3   # fp32 scores in the hundreds: ~1e-4 absolute
+    if large:
+        rows = (batch, heads)
+        offsets, directions = large_rows(gen, rows)
+        q, k = climbing_scores(q, k, torch.arange(n_keys), offsets, directions)
+    else:
+        q, k, v = (2 * t.float() for t in (q, k, v))
+    rtol = 1e-3 if large else 1e-4   # fp32 scores in the thousands: ~1e-4 absolute
     bounds = [(min(s * chunk, n_keys), min((s + 1) * chunk, n_keys)) for s in range(num_splits)]
     call = (f"{KERNEL} with BLOCK_N={block_n}, HEAD_DIM={dim} on q [{batch}, {heads}, {dim}], "
             f"k/v [{batch}, {kv_heads}, {n_keys}, {dim}], {num_splits} splits of chunk={chunk} keys"
-            + (f", q scaled by {magnitude:g} (scores in the hundreds)" if magnitude != 1 else ""))
+            + (", scores in the thousands, climbing or falling by 32 per key" if large else ""))
     got = _launch(learner, q, k, v, bounds, chunk, block_n)
     scale = 1 / math.sqrt(dim)
     want = _states(q, k, v, bounds, block_n, sm_scale=scale)
@@ -574,8 +573,9 @@ def _check_kernel(learner, gen, batch, heads, kv_heads, splits_with_keys, num_sp
            for t in got[1:]):
         raise AssertionError(f"{call}: l or o is inf or NaN where the split's max m is finite, on "
                              f"scores up to {want[0].max().item():.0f}: exp of a raw score above "
-                             "~88 overflows float32. Keep a running max m and take exp(s - m); "
-                             "when a tile raises it, rescale l and o by exp(m_old - m_new)")
+                             "~88 overflows float32 (~709 in float64). Keep a running max m "
+                             "and take exp(s - m); when a tile raises it, rescale l and o by "
+                             "exp(m_old - m_new)")
     if any(torch.isnan(t).any() for t in got):
         raise AssertionError(f"{call}: m, l or o still holds NaN (the grader poisons them): every "
                              "program must store its split's state, an empty split too "
@@ -618,7 +618,7 @@ def _check_kernel(learner, gen, batch, heads, kv_heads, splits_with_keys, num_sp
 def test_decode_kernel_with_several_tiles_per_split_and_gqa(learner, seed):
     gen = generator(seed + 7)
     _check_kernel(learner, gen, 1, 4, 2, 2, 2)
-    _check_kernel(learner, gen, 1, 4, 2, 2, 2, magnitude=LARGE)
+    _check_kernel(learner, gen, 1, 4, 2, 2, 2, large=True)
 
 
 @exercise(KERNEL, points=4, timeout=120)

@@ -26,7 +26,7 @@ if not torch.cuda.is_available():   # `pytest` on this file alone: the solution'
 from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import assert_close
 from autograder.rules.gpu_targets import Build, planned, require_gpu_build
-from autograder.rules.inputs import generator, randint
+from autograder.rules.inputs import climbing_scores, generator, large_rows, randint
 from autograder.rules.kernel_rules import require_tile_loop, require_traffic
 from autograder.rules.plugin import exercise
 from reference.attention import paged_attention
@@ -393,11 +393,13 @@ def test_fragmentation_on_random_logs(learner, seed):
 
 # ------------------------------------------------------------------ paged attention (both)
 
-def _paged_inputs(gen, batch, n_q_heads, n_kv_heads, head_dim, block_size, share: bool):
+def _paged_inputs(gen, batch, n_q_heads, n_kv_heads, head_dim, block_size, share: bool,
+                  large: bool = False):
     """q [B, Hq, D]; a pool [num_blocks, block_size, Hkv, D] per K and V whose slots outside
     every context hold large values; block tables (shuffled blocks, -1 padded, with sequence 1
     sharing sequence 0's first block when `share`) and context lengths, one ending on a block
-    boundary and one mid-block."""
+    boundary and one mid-block. ``large``: each row's scores sit near +-1000 and climb or fall
+    by 32 per position of its sequence (``climbing_scores``)."""
     lens = [randint(gen, 1, 5 * block_size) for _ in range(batch)]
     lens[0] = block_size * randint(gen, 2, 3)
     lens[-1] = block_size * randint(gen, 1, 3) + randint(gen, 1, block_size - 1)
@@ -419,6 +421,15 @@ def _paged_inputs(gen, batch, n_q_heads, n_kv_heads, head_dim, block_size, share
         flat = cache.view(num_blocks * block_size, -1)
         flat[~visible] = 6 * torch.randn(flat[~visible].shape, generator=gen, dtype=torch.float64) + 3
     q = torch.randn(batch, n_q_heads, head_dim, generator=gen, dtype=torch.float64)
+    if large:
+        position = torch.zeros(num_blocks * block_size)
+        for b, n in enumerate(lens):
+            position[_slots(tables[b], n, block_size)] = torch.arange(n, dtype=position.dtype)
+        rows = (batch, n_q_heads)
+        offsets, directions = large_rows(gen, rows)
+        k_slots = k_cache.view(num_blocks * block_size, n_kv_heads, head_dim)
+        q, climbing = climbing_scores(q, k_slots, position[:, None], offsets, directions)
+        k_slots[visible] = climbing[visible].double()
     return q.float(), k_cache.float(), v_cache.float(), tables, torch.tensor(lens, dtype=torch.int32)
 
 
@@ -532,19 +543,15 @@ def _require_named_blocks(learner, k_cache, tables, lens, group: int) -> None:
                            for name in ("K", "V")})
 
 
-# The large case: q scaled so that the scores reach the hundreds, far above where exp overflows
-# float32 (~88) and far below where it underflows; a kernel without a running max fails.
-LARGE = 200.0
-
-
-def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share, magnitude=1.0):
+def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share, large=False):
+    """One launch; ``large``: scores in the thousands, far beyond where exp overflows and
+    underflows in float32 and float64 alike: a kernel without a running max fails."""
     q, k_cache, v_cache, tables, lens = _paged_inputs(gen, batch, heads, kv_heads, dim,
-                                                      block_size, share)
-    q = q * magnitude
-    rtol = 1e-4 if magnitude == 1 else 1e-3   # fp32 scores in the hundreds: ~1e-4 absolute
+                                                      block_size, share, large)
+    rtol = 1e-3 if large else 1e-4   # fp32 scores in the thousands: ~1e-4 absolute
     call = (f"paged_decode_kernel on q [{batch}, {heads}, {dim}], blocks of {block_size} with "
             f"{kv_heads} K/V heads, context_lens {lens.tolist()}"
-            + (f", q scaled by {magnitude:g} (scores in the hundreds)" if magnitude != 1 else ""))
+            + (", scores in the thousands, climbing or falling by 32 per key" if large else ""))
     require_tile_loop(learner, "paged_decode_kernel", "BLOCK_SIZE",
                       "Work on whole blocks: one loop over the sequence's blocks, e.g. range(0, "
                       "tl.cdiv(context_len, BLOCK_SIZE)), each iteration loading a [BLOCK_SIZE, "
@@ -554,11 +561,11 @@ def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share, m
                           tables, lens, heads, kv_heads, tables.shape[1], 1 / math.sqrt(dim),
                           BLOCK_SIZE=block_size, HEAD_DIM=dim)
     got = args[3]
-    if magnitude != 1 and not torch.isfinite(got).all():   # the same launch was finite unscaled
-        raise AssertionError(f"{call}: out is inf or NaN on scores in the hundreds: exp of a raw "
-                             "score above ~88 overflows float32. Keep a running max m over the "
-                             "blocks and take exp(s - m); when a block raises it, rescale l and o "
-                             "by exp(m_old - m_new)")
+    if large and not torch.isfinite(got).all():
+        raise AssertionError(f"{call}: out is inf or NaN on scores in the thousands: exp of a raw "
+                             "score above ~88 overflows float32 (~709 in float64). Keep a running "
+                             "max m over the blocks and take exp(s - m); when a block raises it, "
+                             "rescale l and o by exp(m_old - m_new)")
     if torch.isnan(got).any():
         raise AssertionError(f"{call}: out still holds NaN where the grader poisoned it: every "
                              "program must store its row o / l (and never compute inf - inf)")
@@ -577,7 +584,7 @@ def _kernel_case(learner, gen, batch, heads, kv_heads, dim, block_size, share, m
 def test_paged_kernel_with_gqa_and_partial_last_blocks(learner, seed):
     gen = generator(seed + 7)
     _kernel_case(learner, gen, 3, 4, 2, 16, 4, share=False)
-    _kernel_case(learner, gen, 3, 4, 2, 16, 4, share=False, magnitude=LARGE)
+    _kernel_case(learner, gen, 3, 4, 2, 16, 4, share=False, large=True)
 
 
 @exercise("paged_decode_kernel", points=5, timeout=120)

@@ -1185,3 +1185,30 @@ def attend_tile(acc, m, l, q, k, v, scale, visible=None):
     out = acc.double() * keep[..., None] + p @ v.double()
     return ((out * back[..., None]).to(acc.dtype), m_new.to(m.dtype),
             (total * back).to(l.dtype))
+
+
+# %% grade_id: flash_attention_fwd_kernel | wrong: no running max, sums exp of the raw scores in float64 (right while every score stays under ~709: it passed a large case whose scores reached ~130)
+# expect: exp of a raw score overflows above ~88 in float32 (~709 in float64)
+# replace:
+#     l_i = tl.zeros([BLOCK_M], tl.float32)
+#     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float32)
+# with:
+#     l_i = tl.zeros([BLOCK_M], tl.float64)
+#     acc = tl.zeros([BLOCK_M, HEAD_DIM], tl.float64)
+# replace:
+#         m_new = tl.maximum(m_i, tl.max(s, axis=1))              # finite: key 0 is in tile 0
+#         alpha = tl.exp(m_i - m_new)
+#         p = tl.exp(s - m_new[:, None])
+#         l_i = l_i * alpha + tl.sum(p, axis=1)
+#         v = tl.load(v_tile_ptrs + start_n * stride_vn, mask=key_ok[:, None], other=0.0)
+#         acc = acc * alpha[:, None] + tl.dot(p, v, input_precision="ieee")
+#         m_i = m_new
+#     tl.store(out_ptrs, acc / l_i[:, None], mask=row_ok[:, None])
+#     tl.store(lse_ptrs, m_i + tl.log(l_i), mask=row_ok)
+# with:
+#         p = tl.exp(s.to(tl.float64))                            # no max: float64 holds it
+#         l_i = l_i + tl.sum(p, axis=1)
+#         v = tl.load(v_tile_ptrs + start_n * stride_vn, mask=key_ok[:, None], other=0.0)
+#         acc = acc + tl.dot(p, v.to(tl.float64))
+#     tl.store(out_ptrs, (acc / l_i[:, None]).to(tl.float32), mask=row_ok[:, None])
+#     tl.store(lse_ptrs, tl.log(l_i).to(tl.float32), mask=row_ok)

@@ -764,3 +764,33 @@ def decode_split(q, k, v):
 #     l_all = (weight * l.double()).sum(dim=-1)
 #     o_all = (weight[..., None] * o.double()).sum(dim=-2)
 #     return (o_all / l_all[..., None]).to(o.dtype)
+
+
+# %% grade_id: decode_partial_kernel | wrong: no running max, exp of the raw scores in float64, scaled back by exp(-m) at the end (right while every score stays under ~709: it passed a large case whose scores reached the hundreds)
+# expect: ~709 in float64
+# replace:
+#     l_i = 0.0
+#     o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+# with:
+#     l_i = tl.zeros([], dtype=tl.float64)
+#     o_i = tl.zeros([HEAD_DIM], dtype=tl.float64)
+# replace:
+#         rescale = tl.exp(m_i - m_new)
+#         p = tl.exp(scores - m_new)
+#         l_i = l_i * rescale + tl.sum(p, axis=0)
+#         o_i = o_i * rescale + tl.sum(p[:, None] * v, axis=0)
+#         m_i = m_new
+#     state = row * num_splits + split
+#     tl.store(m_ptr + state, m_i)
+#     tl.store(l_ptr + state, l_i)
+#     tl.store(o_ptr + state * HEAD_DIM + dims, o_i)
+# with:
+#         p = tl.exp(scores.to(tl.float64))               # no max: float64 holds it
+#         l_i = l_i + tl.sum(p, axis=0)
+#         o_i = o_i + tl.sum(p[:, None] * v.to(tl.float64), axis=0)
+#         m_i = m_new
+#     back = tl.where(m_i == float("-inf"), 0.0, tl.exp(-m_i.to(tl.float64)))
+#     state = row * num_splits + split
+#     tl.store(m_ptr + state, m_i)
+#     tl.store(l_ptr + state, (l_i * back).to(tl.float32))
+#     tl.store(o_ptr + state * HEAD_DIM + dims, (o_i * back).to(tl.float32))

@@ -440,3 +440,26 @@ paged_decode_kernel = _Launcher()
 # with:
 #     block_size = 4                    # the chapter's walkthrough blocks
 #     num_blocks = num_slots // block_size
+
+
+# %% grade_id: paged_decode_kernel | wrong: no running max, exp of the raw scores in float64 (right while every score stays under ~709: it passed a large case whose scores reached the hundreds)
+# expect: ~709 in float64
+# replace:
+#     l_i = 0.0
+#     o_i = tl.zeros([HEAD_DIM], dtype=tl.float32)
+# with:
+#     l_i = tl.zeros([], dtype=tl.float64)
+#     o_i = tl.zeros([HEAD_DIM], dtype=tl.float64)
+# replace:
+#         m_new = tl.maximum(m_i, tl.max(scores, axis=0))
+#         rescale = tl.exp(m_i - m_new)
+#         p = tl.exp(scores - m_new)
+#         l_i = l_i * rescale + tl.sum(p, axis=0)
+#         o_i = o_i * rescale + tl.sum(p[:, None] * v, axis=0)
+#         m_i = m_new
+#     tl.store(out_ptr + row * HEAD_DIM + dims, o_i / l_i)
+# with:
+#         p = tl.exp(scores.to(tl.float64))               # no max: float64 holds it
+#         l_i = l_i + tl.sum(p, axis=0)
+#         o_i = o_i + tl.sum(p[:, None] * v.to(tl.float64), axis=0)
+#     tl.store(out_ptr + row * HEAD_DIM + dims, (o_i / l_i).to(tl.float32))
