@@ -26,7 +26,9 @@ request to the grader and waits for its answer on the same pipes.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
+import gc
 import importlib
 import importlib.util
 import linecache
@@ -173,6 +175,37 @@ class Worker:
         self.traffic: dict | None = None
         self.cells = Path(tmp) / CELL_DIR
         self.cells.mkdir(exist_ok=True)
+        # the streams the worker flushes, by their own type's method: no object a cell put in
+        # sys.stdout, and no attribute a cell set on these, runs in the worker's code
+        self.streams = [(type(stream).flush, stream) for stream in (sys.stdout, sys.stderr)]
+        self.held: tuple = ()   # what the last request left: let go in the next learner block
+
+    @contextlib.contextmanager
+    def running_learner_code(self, release: bool = True):
+        """The block runs learner code: the walls stand (``audit``), the garbage collector runs
+        (it is off in the worker's own code, so that no finalizer of a learner object runs
+        there), and what the last request left (its arguments, result, exception) is let go
+        here (``release``), so that its finalizers and weak-reference callbacks run walled in
+        and, inside a call's operation limit, recorded."""
+        with audit.learner_code():
+            if release:
+                self.held = ()
+            gc.enable()
+            try:
+                yield
+            finally:
+                gc.disable()
+                exits.function_modes_left()   # none may run in the worker's code later
+
+    def walled(self, function, *args, fallback: str):
+        """``function(*args)`` for the worker's look at a learner object (an exception's message
+        and traceback): whatever learner code it reaches (``__str__``, a ``__class__``
+        property) runs walled in, every operation refused; ``fallback`` if it fails."""
+        try:
+            with operation_limit(()), self.running_learner_code(release=False):
+                return function(*args)
+        except BaseException:  # noqa: BLE001 - learner code may raise anything
+            return fallback
 
     def remote(self, request: dict) -> dict:
         """Send a proxy's request to the grader and wait for its answer."""
@@ -188,11 +221,8 @@ class Worker:
         path.write_text(source)
         linecache.cache[str(path)] = (len(source), None, source.splitlines(True), str(path))
         code = compile(source, str(path), "exec")
-        with audit.learner_code():
-            try:
-                exec(code, self.namespace)
-            finally:
-                exits.function_modes_left()   # none may run in the worker's code later
+        with self.running_learner_code():
+            exec(code, self.namespace)
 
     def _lookup(self, name: str):
         if name not in self.namespace:
@@ -205,7 +235,8 @@ class Worker:
         args, kwargs = self.side.args((request["args"], request["kwargs"]))
         with self.guard.forbidding(request.get("forbid", ())):
             if request["op"] == "launch":
-                kernel = self._lookup(request["name"])
+                with self.running_learner_code():
+                    kernel = self._lookup(request["name"])
                 if type(kernel) not in triton_kernel_types():  # exact types: no look-alike class
                     raise TypeError(f"`{request['name']}` must be a @triton.jit kernel")
                 changed = traffic.tampered()
@@ -213,24 +244,21 @@ class Worker:
                     raise PermissionError(
                         f"a cell changed Triton's interpreter ({', '.join(changed[:4])}): the "
                         "grader counts a kernel's loads and stores there, so no kernel is launched")
-                with audit.learner_code(), exits.launching():
+                with self.running_learner_code(), exits.launching():
                     after, self.traffic = launch(kernel, request["grid"], args, kwargs)
+                self.held = (args, kwargs, kernel, after)
                 with limits_paused():
                     return self.side.result(after)
-            if "handle" in request:
-                target = getattr(self.side.resolve(request["handle"]), request["attr"])
-                if request.get("get"):
-                    with limits_paused():
-                        return self.side.result(target)
-            else:
-                target = self._lookup(request["name"])
             limit = operation_limit(request.get("allowed_ops"))
-            try:
-                with limit, audit.learner_code():
-                    try:
-                        value = target(*args, **kwargs)
-                    finally:
-                        exits.function_modes_left()   # refused, and kept in limit.refused
+            try:   # the lookup is learner code too: a property, __getattr__, a __class__
+                with limit, self.running_learner_code():
+                    if "handle" in request:
+                        target = getattr(self.side.resolve(request["handle"]), request["attr"])
+                    else:
+                        target = self._lookup(request["name"])
+                    self.held = (args, kwargs, target, limit)
+                    value = target if request.get("get") else target(*args, **kwargs)
+                    self.held += (value,)
             finally:
                 if limit.refused:   # even when the learner's code caught the error
                     raise ForbiddenOperationError(limit.refused)
@@ -253,18 +281,27 @@ class Worker:
             reply = {"op": "done", "ok": True, "value": value, "largest": self.largest,
                      "traffic": self.traffic, "work": self.work.to_wire()}
         except ForbiddenOperationError as exc:
+            self.held += (exc,)
             reply = {"op": "done", "ok": False, "error": str(exc), "refused_ops": exc.names,
-                     "where": learner_frame(exc)}
+                     "where": self.walled(learner_frame, exc, fallback="")}
         except BaseException as exc:  # noqa: BLE001 - learner code may raise anything
-            if isinstance(exc, SystemExit):
-                exc = RuntimeError(f"your code called exit({exc.code!r})")
-            reply = {"op": "done", "ok": False, "error": describe(exc, self.memory_mb)}
-        for stream in (sys.stdout, sys.stderr):
+            self.held += (exc,)
+            reply = {"op": "done", "ok": False, "error": self.walled(
+                cause, exc, self.memory_mb,
+                fallback="your code raised an exception whose message could not be read")}
+        for flush, stream in self.streams:
             try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - the learner may have replaced the stream
+                flush(stream)
+            except Exception:  # noqa: BLE001 - a closed stream
                 pass
         return reply
+
+
+def cause(exc: BaseException, memory_mb: int) -> str:
+    """The one-line cause of a failed request (``describe``; ``exit()`` named as such)."""
+    if isinstance(exc, SystemExit):
+        exc = RuntimeError(f"your code called exit({exc.code!r})")
+    return describe(exc, memory_mb)
 
 
 RECORDER_PLACES = ("guard", "OperationLimit", "CallWork", "product_flops", "exp_elements",
@@ -329,6 +366,7 @@ def run(config: dict) -> None:
         serve(config["in"], config["out"], tmp, describe)
     exits.install()   # before the worker remembers what its records rest on
     worker = Worker(config["in"], config["out"], config["memory_mb"], tmp, config["forbid"])
+    gc.disable()   # the garbage collector runs in learner code only (running_learner_code)
     hide_worker_module()
     audit.install(str(worker.cells))
     write_message(worker.out_fd, {"ready": True, "isolation": isolation})

@@ -260,13 +260,15 @@ def _layout(t: torch.Tensor) -> list[int]:
     return [stride for size, stride in zip(t.shape, t.stride()) if size > 1]
 
 
-def _buffers_after(learner, cache, expected: dict, installed: bool, what: str) -> dict:
-    """self.k / self.v after ``what``, refused (``PrerequisiteFailed``) when the cache put a
-    tensor of its own in their place: another shape, or, once the grader's buffers are in,
-    another memory layout or none of the grader's marks past the filled positions left."""
-    buffers = {}
+def _buffers_after(learner, cache, expected: dict, installed: bool, what: str) -> tuple[dict, int]:
+    """(self.k / self.v after ``what``, bytes of new tensors reading them made), refused
+    (``PrerequisiteFailed``) when the cache put a tensor of its own in their place: another
+    shape, or, once the grader's buffers are in, another memory layout or none of the grader's
+    marks past the filled positions left."""
+    buffers, made = {}, 0
     for name in ("k", "v"):
         buf, want = learner.getattr(cache, name), expected[name]
+        made += _made(learner, f"reading cache.{name} after {what}", want.numel() * 4)
         if not isinstance(buf, torch.Tensor) or list(buf.shape) != list(want.shape):
             shape = list(buf.shape) if isinstance(buf, torch.Tensor) else type(buf).__name__
             raise PrerequisiteFailed(
@@ -288,7 +290,23 @@ def _buffers_after(learner, cache, expected: dict, installed: bool, what: str) -
                 "whole cache at every step: the quadratic copying a KV cache exists to remove",
                 rule=BUFFER_RULE)
         buffers[name] = buf
-    return buffers
+    return buffers, made
+
+
+def _made(learner, what: str, whole: int) -> int:
+    """Bytes of the tensors the learner's last call made (an append, a read, an attribute
+    looked at: a property runs under the recorder too); ``PrerequisiteFailed`` where one of
+    them was as large as a whole buffer (``whole`` bytes in float32)."""
+    if getattr(learner, "largest_allocation", 0) >= whole:
+        raise PrerequisiteFailed(
+            f"{what} allocated a tensor of {learner.largest_allocation} bytes, as large as a "
+            f"whole buffer ({whole} bytes in float32): it copies the whole cache (clone, "
+            "torch.cat, slice_scatter...) where an append should write its few tokens into the "
+            "preallocated buffer in place, self.k[layer, :, :, pos:pos + T] = k, and a read "
+            "return views. That copy is the quadratic cost a KV cache exists to remove",
+            rule=BUFFER_RULE)
+    work = getattr(learner, "last_call_work", None)
+    return work.allocated_bytes if work is not None else 0
 
 
 def _check_buffer_values(buffers: dict, expected: dict, filled: list[int], installed: bool,
@@ -342,8 +360,9 @@ def test_kvcache_appends_write_into_the_buffers(learner, seed):
     _buffers_at_construction(learner, cache, full)
     expected = {name: torch.zeros(full, dtype=torch.float64) for name in ("k", "v")}
     filled, installed = [0] * n_layers, False
-    appended = allocated = 0   # bytes of new tokens given, bytes the appends' operations made
-    excess = 0                 # bytes appends made beyond GROWTH_SLACK times their own new tokens
+    appended = allocated = 0   # bytes of new tokens given, bytes the calls' operations made
+    excess = 0                 # bytes each append and its reads made beyond GROWTH_SLACK times
+    reads = 0                  # its own new tokens; bytes the reads after a swap made
     n_appends = randint(gen, 16, 22)
     swaps = {randint(gen, 1, 3), randint(gen, 5, n_appends - 2)}
     for step in range(n_appends):
@@ -361,6 +380,8 @@ def test_kvcache_appends_write_into_the_buffers(learner, seed):
             for layer in (layer for layer in range(n_layers) if filled[layer]):
                 want = tuple(expected[name][layer, :, :, :filled[layer]] for name in ("k", "v"))
                 got = _pair(learner.method(cache, "read", layer), f"read({layer})")
+                reads += _made(learner, f"read({layer}) after the grader's buffers went in",
+                               expected["k"].numel() * 4)
                 if not any((g.abs() >= SENTINEL / 2).any() for g in got):
                     raise PrerequisiteFailed(
                         f"the grader replaced cache.k and cache.v by tensors of its own (same "
@@ -380,38 +401,33 @@ def test_kvcache_appends_write_into_the_buffers(learner, seed):
         start, filled[layer] = filled[layer], filled[layer] + t
         what = f"append({layer}, k, v) with {t} new token(s) (layer {layer} held {start})"
         got = learner.method(cache, "append", layer, k, v)
-        whole = expected["k"].numel() * 4
-        if getattr(learner, "largest_allocation", 0) >= whole:
-            raise PrerequisiteFailed(
-                f"{what} allocated a tensor of {learner.largest_allocation} bytes, as large as a "
-                f"whole buffer ({whole} bytes in float32): an append copies the whole cache "
-                "(clone, torch.cat, slice_scatter...) where it should write its few tokens into "
-                "the preallocated buffer in place, self.k[layer, :, :, pos:pos + T] = k. That "
-                "copy is the quadratic cost a KV cache exists to remove", rule=BUFFER_RULE)
-        work = getattr(learner, "last_call_work", None)
-        new_bytes = 2 * k.numel() * k.element_size()
-        made = work.allocated_bytes if work is not None else 0
+        made = _made(learner, what, expected["k"].numel() * 4)
+        expected["k"][layer, :, :, start:filled[layer]] = k
+        expected["v"][layer, :, :, start:filled[layer]] = v
+        buffers, read_bytes = _buffers_after(learner, cache, expected, installed, what)
+        length = _length(learner, cache)
+        made += read_bytes + _made(learner, f"reading cache.length after {what}",
+                                   expected["k"].numel() * 4) + reads
+        reads, new_bytes = 0, 2 * k.numel() * k.element_size()
         appended, allocated = appended + new_bytes, allocated + made
         excess += max(0, made - GROWTH_SLACK * new_bytes)
         if allocated > APPEND_SLACK * appended + 1024 \
                 or excess > EXCESS_TOKENS * new_bytes // t + 64:   # + a few scalars
             raise PrerequisiteFailed(
-                f"{what}: the appends so far made {allocated} bytes of new tensors for {appended} "
-                f"bytes of new tokens ({made} bytes in this one, for {new_bytes}; {excess} bytes "
-                f"more than {GROWTH_SLACK} copies of each append's own new tokens): appends "
-                "copy what the cache already holds (a torch.cat of the old tokens and the new, a "
-                "clone, a slice_scatter), a few tokens at a time, all at once, or now and then. "
-                "Write the new tokens into the preallocated buffer in "
-                "place, self.k[layer, :, :, pos:pos + T] = k: an append's cost must not grow with "
-                "the tokens already held (that growth is the quadratic cost a KV cache removes)",
+                f"{what}: the appends and reads so far made {allocated} bytes of new tensors for "
+                f"{appended} bytes of new tokens ({made} bytes in this one and the reads after "
+                f"it, for {new_bytes}; {excess} bytes more than {GROWTH_SLACK} copies of each "
+                "append's own new tokens): the cache copies what it already holds (a torch.cat "
+                "of the old tokens and the new, a clone, a slice_scatter), when appending or "
+                "when read, a few tokens at a time, all at once, or now and then. Write the new "
+                "tokens into the preallocated buffer in place, self.k[layer, :, :, pos:pos + T] "
+                "= k, and read through views: the cost of an append must not grow with the "
+                "tokens already held (that growth is the quadratic cost a KV cache removes)",
                 rule=BUFFER_RULE)
-        expected["k"][layer, :, :, start:filled[layer]] = k
-        expected["v"][layer, :, :, start:filled[layer]] = v
-        buffers = _buffers_after(learner, cache, expected, installed, what)
         _compare_kv(got, tuple(expected[name][layer, :, :, :filled[layer]] for name in ("k", "v")),
                     what, layer)
         _check_buffer_values(buffers, expected, filled, installed, what, layer, start)
-        assert_equal(_length(learner, cache), filled[layer], name=f"cache.length after {what}",
+        assert_equal(length, filled[layer], name=f"cache.length after {what}",
                      hint="length is the number of tokens held by the layer written last")
 
 

@@ -582,3 +582,98 @@ def test_the_bytes_a_call_allocates_are_counted_in_total():
         torch.tensor([1.0, 2.0])               # a tensor from Python values: 2 x 4 bytes
     assert limit.work.allocated_bytes == 3 * 2 * 8 * 4 + 6 * 8 * 4 + 2 * 4
     assert limit.largest == 6 * 8 * 4
+
+
+LEFTOVERS = '''
+import sys
+import weakref
+
+seen = []   # (route, whether the walls stood there: sys._getframe refused)
+
+
+def walls(route):
+    try:
+        sys._getframe()
+        seen.append((route, False))
+    except ValueError:
+        seen.append((route, True))
+
+
+class Lazy:
+    """append only queues; reading ``total`` does the work, in a property."""
+    def __init__(self):
+        self.queue = []
+
+    def append(self, x):
+        self.queue.append(x)
+
+    @property
+    def total(self):
+        walls("property")
+        return torch.stack(self.queue).softmax(-1)
+
+
+class Loud(Exception):
+    def __str__(self):
+        walls("exception message")
+        try:
+            torch.ones(2).softmax(-1)
+            seen.append(("operation in the message", "ran"))
+        except RuntimeError:
+            seen.append(("operation in the message", "refused"))
+        return "loud"
+
+
+class Stream:
+    def write(self, text):
+        return len(text)
+
+    def flush(self):
+        walls("stream flush")
+
+
+def leaves(x):
+    doubled = x * 2
+    weakref.finalize(doubled, walls, "finalizer")   # runs when the worker lets the result go
+    return doubled
+
+
+def fails(x):
+    raise Loud()
+
+
+def swaps_stdout(x):
+    sys.stdout = Stream()
+    return x + 1
+
+
+def report():
+    return list(seen)
+'''
+
+
+def test_learner_code_the_worker_reaches_after_a_call_runs_walled_in_and_recorded():
+    """What the worker itself touches of a learner's objects runs as learner code: an attribute
+    read (a property) under the call's operation limit; the message of a learner exception
+    walled in with every operation refused; a finalizer of what a call left when the next
+    learner block starts; a replaced ``sys.stdout`` is never flushed by the worker."""
+    from autograder.boundary.causes import LearnerError, OperationRefused
+    from autograder.sandbox import SandboxLearner
+    from autograder.rules.plugin import Exercise
+    learner = SandboxLearner([("leftovers", LEFTOVERS)], timeout=30)
+    try:
+        learner.begin(Exercise("leftovers", 1, forbid=("torch.softmax",)))
+        lazy = learner.new("Lazy")
+        learner.method(lazy, "append", torch.randn(3))
+        with pytest.raises(OperationRefused, match=r"aten\._softmax"):
+            learner.getattr(lazy, "total")
+        with pytest.raises(LearnerError, match="your code raised Loud: loud") as failed:
+            learner.call("fails", torch.randn(2))
+        assert not isinstance(failed.value, OperationRefused)   # refused in the message: ignored
+        learner.call("leaves", torch.randn(2))
+        learner.call("swaps_stdout", torch.randn(2))
+        seen = dict(learner.call("report"))
+        assert seen == {"property": True, "exception message": True, "finalizer": True,
+                        "operation in the message": "refused"}, seen
+    finally:
+        learner.close()

@@ -221,8 +221,8 @@ class KVCache:
         self._rebuild()
 
 
-# %% grade_id: KVCache | cheat: k and v are properties that build a padded buffer from lists when looked at
-# expect: could not put a buffer of its own in place of `k`
+# %% grade_id: KVCache | cheat: k and v are properties that build a padded buffer from lists when looked at (the property now runs under the recorder: its whole buffer is seen when the grader reads cache.k)
+# expect: reading cache.k after
 # expect score: 0
 class KVCache:
     def __init__(self, n_layers, batch, n_kv_heads, max_len, head_dim,
@@ -268,6 +268,18 @@ class KVCache:
         for lists in (self.ks, self.vs):
             for i, chunks in enumerate(lists):
                 lists[i] = [torch.cat(chunks, dim=-2)[..., :n, :]] if chunks else []
+
+
+# %% grade_id: KVCache | wrong: read returns copies (clone) of the layer's tokens, not views (append returns views, so only the reads copy; the reads were not counted)
+# expect: the appends and reads so far made
+# replace:
+#         return self.read(layer)
+# with:
+#         return self.k[layer, :, :, :stop], self.v[layer, :, :, :stop]
+# replace:
+#         return self.k[layer, :, :, :used], self.v[layer, :, :, :used]
+# with:
+#         return self.k[layer, :, :, :used].clone(), self.v[layer, :, :, :used].clone()
 
 
 # %% grade_id: KVCache | cheat: a second private store holds the data; self.k/self.v are a written copy
@@ -662,7 +674,7 @@ def cached_generate(model, prompt_ids, n_new, cache):
 
 
 # %% grade_id: KVCache | cheat: each append copies the layer's held tokens and the new ones with torch.cat and writes them back (every copy smaller than a whole buffer, so the largest allocation never shows it; the total does)
-# expect: copy what the cache already holds
+# expect: the cache copies what it already holds
 # expect score: 0
 # replace:
 #         self.k[layer, :, :, start:stop] = k
