@@ -25,7 +25,8 @@ CACHE_METHODS = {"append", "read", "truncate", "length", "max_len", "nbytes"}
 @dataclass(frozen=True)
 class Forward:
     """One model call seen by the grader: input shape, which cache (``None``: no cache), the
-    cache's length before the call, which model ran it (its id in the store; every cache, the
+    cache's length before the call (where the call gave ``positions``: what it kept, the model
+    cutting a longer cache back to ``positions[0]``, a rollback written by position), which model ran it (its id in the store; every cache, the
     grader's or one the learner made with ``new_cache``, is recorded alike), and the token ids
     it was fed (the first sequence of the batch)."""
     shape: tuple[int, ...]
@@ -152,6 +153,8 @@ class ReferenceStore:
                                       or positions.shape != (input_ids.shape[1],)):
             raise ValueError("positions must be a tensor of shape [T]")
         length = int(cache.length) if cache is not None else 0
+        if cache is not None and positions is not None:   # written by position: the model cuts
+            length = min(length, int(positions[0]))        # a longer cache back to positions[0]
         key = next((k for k, o in self.objects.items() if o is cache), None)
         model_key = next(k for k, o in self.objects.items() if o is model)
         self.trace.append(Forward(tuple(input_ids.shape), key, length, model_key,

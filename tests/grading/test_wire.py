@@ -45,3 +45,21 @@ def test_protocol_refuses_pickled_objects_and_oversized_messages():
     with pytest.raises(ProtocolError, match="exceeds the limit"):
         read_message(read_fd)
 
+
+
+def test_the_trace_sees_a_rollback_written_by_position():
+    """A forward given ``positions`` with a cache writes by position (the model cuts a longer
+    cache back to positions[0]): the trace records the length kept, as a truncate would, so that
+    a rollback by position is judged as one."""
+    store = ReferenceStore()
+    model = store.get(from_wire(to_wire(ModelRef("tiny", 3), store.register)))
+    for cut in ("truncate", "positions"):
+        cache = model.new_cache(batch=1, max_len=16)
+        store._model_forward(model, torch.tensor([[5, 6, 7, 8]]), cache=cache)
+        if cut == "truncate":
+            cache.truncate(2)
+            store._model_forward(model, torch.tensor([[9]]), cache=cache)
+        else:
+            store._model_forward(model, torch.tensor([[9]]), torch.tensor([2]), cache=cache)
+        assert [f.cache_length for f in store.trace[-2:]] == [0, 2], (cut, store.trace[-2:])
+        assert cache.length == 3
