@@ -6,35 +6,25 @@ activations (M = 1 to ~16) by every weight matrix of the model. In float32 such 
 about M/2 FLOPs per weight byte, below a laptop's ridge point (chapter 04) up to M of roughly 8,
 so it should cost one read of the weights whatever M is. `F.linear` does not get there: for every
 call with M > 1 the BLAS GEMM re-packs the whole weight matrix into its blocked layout before
-multiplying, so a 5-row product reads and writes the weights several times. Measured on a 2-core
-AMD EPYC for the tied head (49152 x 576, streamed from memory): 1 row 7.9 ms, 5 rows 28.3 ms with
-`F.linear`; 7.1 ms and 5.8 ms with the weight packed once.
+multiplying, so a 5-row product reads and writes the weights several times.
 
 A single row (a batch-1 decode step) is different: BLAS runs it as a matrix-vector product that
-streams the weight as stored, with nothing to re-pack, but on one thread only (MKL's GEMV did not
-use a second core on a 2-core AMD EPYC: 15-16 GB/s at 1 thread and at 2). Cut along the input
-dimension, the product becomes `parts` partial products over consecutive row blocks of the
-input-major [in, out] buffer the model stores its weights in (views, no copy), summed: one
-`torch.bmm`, whose batch entries BLAS runs on separate threads (`split_gemv`). Measured there at 2
-threads on SmolLM2's 121 matrices, back to back: 27.4 GB/s split, 21.8 GB/s oneDNN packed, 15.0
-GB/s BLAS, while a plain read (`sum` over 128 MB) ran at 48 GB/s; a decode step took 0.82x the
-packed one's time. Which path streams fastest still depends on the CPU, the thread count and the
-load (oneDNN won on an earlier 2-core AMD EPYC, BLAS on an Intel Xeon at 1 thread, and at 2
-threads on a 2-core machine kept busy by another process), so the one-row path is decided by
-measurement, once per process and thread count (`one_row_path`, about 0.1 s), not by a rule.
-None of these reads as fast as `sum`; where a C compiler is present the race has a fourth
-candidate that comes closer, `native_gemv` (a short loop in C, built at first use): on the same
-machine 79-90% of `sum`'s speed against the split's 66-72%, a decode step 0.80-0.84x the split's
-time at 2 threads and 0.82-0.87x BLAS's at 1. Without a compiler the race runs as before, and
-every path gives the same numbers up to float rounding. (Where the native code is built, a
-model's batch-1 decode step does not come here at all: `reference.native_step` runs the whole
-step, products included, in one call.)
+streams the weight as stored, but may use one thread only. Cut along the input dimension, the
+product becomes `parts` partial products over consecutive row blocks of the input-major [in, out]
+buffer the model stores its weights in (views, no copy), summed: one `torch.bmm`, whose batch
+entries BLAS runs on separate threads (`split_gemv`). Which one-row path streams fastest depends
+on the CPU, the thread count and the load, so it is decided by measurement, once per process and
+thread count (`one_row_path`, about 0.1 s), not by a rule; where a C compiler is present the race
+has a fourth candidate, `native_gemv` (a short loop in C, built at first use). Every path gives
+the same numbers up to float rounding. (Where the native code is built, a model's batch-1 decode
+step does not come here at all: `reference.native_step` runs the whole step, products included,
+in one call.)
 
 `PackedLinear` packs each weight once (the first time it is used, again whenever the weight
 changes) into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which
 then only streams it. The cost is memory: the packed copy sits beside the plain parameter, which
 the rest of the course still reads (state dicts, the embedding lookup, chapter 03's byte counts),
-so the weights' resident size doubles (SmolLM2-135M in float32: 537 MB -> 1.07 GB).
+so the weights' resident size doubles (`packed_bytes`).
 
 The packing ops are private torch ops (`torch.ops.mkldnn._reorder_linear_weight`,
 `torch.ops.mkldnn._linear_pointwise`); this module is the only place that names them. Where they

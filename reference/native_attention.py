@@ -4,10 +4,9 @@ Why: a batched decode step of the engine attends each sequence's one new query o
 keys. The torch path (`reference.attention.decode_rows_attention`) gathers those keys and values out
 of the pool into a padded [B, H_kv, L, D] copy and then runs SDPA over the copy: the K/V bytes are
 read, written and read again, and SDPA's CPU kernel, built for many queries, spends most of its
-time on a single one. At 16 sequences of ~290 positions on a 2-core AMD EPYC, the two took ~35 ms
-of an ~82 ms engine step; the bytes to read are ~7 MB a layer, about 6 ms a step at the machine's
-copy bandwidth. The C loop reads each key and value row once where it lies and keeps an online
-softmax per query head (README, "The engine's decode attention", has the measurements).
+time on a single one. The C loop reads each key and value row once where it lies and keeps an
+online softmax per query head: a step's attention costs one read of its K/V bytes
+(`python -m reference.bench batch` measures the engine with and without it).
 
 `reference.attention` takes this path by itself for the decode rows of a "torch" paged step when
 `runs` says so: float32 CPU tensors, the switch on (REFERENCE_NATIVE_ATTENTION=0 or `set_enabled`

@@ -3,10 +3,9 @@
 Why: an engine step multiplies all its rows (prompt chunks and decode tokens, flattened) by every
 weight matrix, and between the products `Llama.forward` runs some twenty small torch operators a
 layer: the two RMSNorms (six operators each), the residual adds, RoPE, the two K/V stores,
-SiLU and the product with `up`, each a dispatch, an allocation and a pass over the rows. Measured
-on the course's 2-core AMD EPYC serving `bench batch` (16 chat requests, 4,103 prompt tokens, 48
-new tokens each), those operators and the Python around them were about a sixth of the engine's
-time beside its matrix products (README, "The engine on a CPU"). Here each group becomes one call
+SiLU and the product with `up`, each a dispatch, an allocation and a pass over the rows (on a
+small CPU a noticeable share of an engine step beside its matrix products: `python -m
+reference.bench batch`). Here each group becomes one call
 that passes over the rows once: x += residual and RMSNorm together, RoPE with the K/V store into
 the pool, SiLU(gate) * up. The products stay torch's (`cpu_linear.linear`, oneDNN's packed
 weights) and attention stays `reference.attention.paged_attention` (its decode rows in C,

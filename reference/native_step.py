@@ -1,14 +1,13 @@
 """A batch-1 decode step in one native call: the step at the speed of its weight reads.
 
 Why: a decode step of one sequence must read every weight once (SmolLM2-135M: 538 MB in float32),
-and on a CPU that read is all it needs to cost. `Llama.forward` gets the matrix products there
-(reference/native_gemv.py), but runs hundreds of small operators between them (norms, RoPE,
-cache writes, attention, SiLU, residual adds: each a dispatch, an allocation and a pass over a
-few KB), and 121 products each pay a call and a fork/join of the threads: together about a
-quarter of a step on the course's 2-core CPU. `reference/native_step.c` does the same arithmetic
-in one OpenMP region per step: the threads run the whole step, meeting at a barrier only where
-one thread's output feeds another's. Measured there (README, "A native decode step"): a step
-within 3-4% of its floor, 1.4x faster than the operators at 2 threads and 1.6x at 1.
+and on a CPU that read is all it needs to cost. Through torch's operators the step also runs
+hundreds of small operators between the products (norms, RoPE, cache writes, attention, SiLU,
+residual adds: each a dispatch, an allocation and a pass over a few KB), and each of its 121
+products pays a call and a fork/join of the threads. `reference/native_step.c` does the same
+arithmetic in one OpenMP region per step: the threads run the whole step, meeting at a barrier
+only where one thread's output feeds another's. `python -m reference.bench decode` measures a
+step against its floor (`stream_weights`: the same bytes read alone) and against the operators.
 
 The step reads its own copy of the weight matrices, packed at the model's first native step
 (`_pack`) in the order the C code reads them, so that each thread streams one contiguous run of
@@ -16,15 +15,10 @@ memory per matrix (reference/native_gemv.c). The products whose outputs a thread
 (QKV, gate/up, the LM head) are packed in strips of 32 columns, [in, 32] each; gate/up's strips
 pair 16 gate columns with the 16 up columns they multiply, so that a thread computes its hidden
 units' silu(gate) * up alone. The products split by input rows (the output and down projections)
-are packed in panels of 8 rows, runs of 8 x 16 blocks. Read in the model's input-major layout, a
-thread's share of a product is 8 or 16 rows read side by side, 16 streams at once; on a quiet
-2-core AMD EPYC the panels streamed at 52-55 GB/s against 46-48 (a plain sum of the same bytes:
-58-62), and a decode step ran 1.06-1.13x faster; strips for QKV, gate/up and the head, which also
-drop a barrier and the sum of the threads' partials, made it another 3% faster (README, "Packed
-weights for the native step" and "Strips, four barriers and a lighter call"). The cost is
-memory, the size of the weights again (SmolLM2-135M: +513 MiB, `packed_bytes`), beside the
-parameters the rest of the course reads and oneDNN's packed copy for the products of several rows
-(reference/cpu_linear.py); it lives as long as the model, `forget` drops it, and
+are packed in panels of 8 rows, runs of 8 x 16 blocks: a thread's share is 8 or 16 rows read side
+by side, 16 streams at once. The cost is memory, the size of the weights again (`packed_bytes`),
+beside the parameters the rest of the course reads and oneDNN's packed copy for the products of
+several rows (reference/cpu_linear.py); it lives as long as the model, `forget` drops it, and
 REFERENCE_NATIVE_STEP=0 never makes it. A weight replaced or changed in place after packing is
 packed again at the next step (`_table`); a module replaced, a parametrized weight or one stored
 otherwise than the C code reads sends the step to the operators.

@@ -3,9 +3,8 @@ again while the work runs.
 
 Decode is a chain of small matrix-vector products, each split over torch's OpenMP threads with a
 barrier at its end. When another process holds one of the cores, the thread that shares that
-core runs only in the scheduler's time slices, and every barrier waits for it: measured on a
-2-core machine with one core taken by a busy loop, a step took 40x longer at 2 threads than at 1
-under spinning waits. The remedy is to use the cores that are free, and to notice when that
+core runs only in the scheduler's time slices, and every barrier waits for it (a step can take
+tens of times longer than at one thread fewer). The remedy is to use the cores that are free, and to notice when that
 changes:
 
 - `configure` sets threads = the cores free right now (idle time of the CPUs this process may
@@ -19,10 +18,9 @@ changes:
 OpenMP's wait policy is left to libgomp's default (spin a while, then sleep), or to the user's
 OMP_WAIT_POLICY. An earlier version set OMP_WAIT_POLICY=PASSIVE on import, so that a late load
 would cost its share of the CPU instead of a collapse; `python -m reference.bench threads`
-measured what that costs and what re-choosing the threads gives instead (the table is in the
-README): on a quiet 2-core AMD EPYC a decode step took 26.0 ms under PASSIVE against 17.7 ms
-under the default (on a 2-core Intel Xeon: 51.7 against 26.7), and with a busy loop started
-after loading, the default with threads re-chosen by `adapt` kept 81% of its quiet speed.
+measures what that costs every quiet step and what re-choosing the threads gives instead
+(reference/bench/results/README.md): the default with `adapt` ran quiet steps faster than PASSIVE
+and kept most of its quiet speed under a load that arrived after loading.
 """
 from __future__ import annotations
 

@@ -184,3 +184,21 @@ def test_threads_benchmark_runs_each_policy_in_a_clean_environment(monkeypatch, 
     for name in bench_threads.POLICIES:
         assert f"{name:<16}   2      20.0" in out
     assert "80%" in out and "50%" in out   # kept under load (20/25) and with threads fixed (20/40)
+
+
+def test_save_replaces_a_commands_section_of_the_results_page(tmp_path):
+    """`--save` writes a run's output under its provenance into its command's section: a second
+    run replaces that section and leaves the others; progress bars (carriage returns) are dropped."""
+    from reference.bench.__main__ import save
+    page = tmp_path / "README.md"
+    page.write_text("# Measured results\n\nintro\n<!-- new sections go above this line -->\nolder runs\n")
+    save("decode", ["--tokens", "8"], "table one\nloading\r 50%\rdone\n", page)
+    save("passes", [], "passes table\n", page)
+    save("decode", ["--tokens", "16"], "table two\n", page)
+    text = page.read_text()
+    assert text.startswith("# Measured results\n\nintro\n")
+    assert text.count("<!-- bench decode -->") == 1 and "table one" not in text and "table two" in text
+    assert "python -m reference.bench decode --tokens 16" in text and torch.__version__ in text
+    assert "passes table" in text and "50%" not in text
+    assert text.index("<!-- bench decode -->") < text.index("<!-- bench passes -->")   # in place
+    assert text.index("<!-- bench passes -->") < text.index("older runs")

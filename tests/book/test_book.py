@@ -202,3 +202,14 @@ def test_autograder_appendix_documents_real_commands_and_options():
              for option in action.option_strings}
     named = set(re.findall(r"(?<![\w-])--[a-z][a-z-]+", page))
     assert named <= known | {"--help"}, f"options the grader does not have: {sorted(named - known)}"
+
+
+def test_readme_is_a_front_page():
+    """The README says what the course is and how to use it; measurements and their history
+    live on the results page the bench commands write (reference/bench/results/README.md)."""
+    import re
+    readme = (ROOT / "README.md").read_text()
+    assert len(readme.splitlines()) <= 250, "the README grew past a front page: move detail out"
+    assert not re.search(r"\bcommit [0-9a-f]{7,}\b|\b20\d\d-\d\d-\d\d\b", readme), \
+        "no commit hashes or dates in the README: measured results go to the results page"
+    assert "reference/bench/results/README.md" in readme
