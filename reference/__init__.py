@@ -1,8 +1,9 @@
 """The course's reference implementation.
 
-The modules at this level, `engine/` and `kernels/` are what the book teaches; `calculators/`
-holds the chapters' pen-and-paper models (bytes, roofline, simulators) and `bench/` everything
-that measures (CONTRIBUTING.md has the map). The core never imports from `bench/`.
+The modules at this level, `engine/` and `kernels/` are what the book teaches; `cpu/` is the fast
+CPU path built from the plain model (`reference.cpu.CpuModel`); `calculators/` holds the
+chapters' pen-and-paper models (bytes, roofline, simulators) and `bench/` everything that
+measures (CONTRIBUTING.md has the map). The core never imports from `bench/`.
 
 Importing it changes nothing in the process: how many threads decoding uses, and how that follows
 a load that comes and goes, is reference/threads.py.
@@ -10,8 +11,9 @@ a load that comes and goes, is reference/threads.py.
 import importlib.abc
 import sys
 
-# Modules that moved when reference/ was split by role: old name -> new name. Importing an old
-# name fails with a message naming the new place (a reader's notebook may still use it).
+# Modules that moved when reference/ was split by role, and when the fast CPU path left the model
+# for reference/cpu: old name -> new name. Importing an old name fails with a message naming the
+# new place (a reader's notebook may still use it).
 MOVED = {
     "reference.memory": "reference.calculators.memory",
     "reference.hardware": "reference.calculators.hardware",
@@ -32,6 +34,12 @@ MOVED = {
     "reference.composition": "reference.bench.composition",
     "reference.hf_peer": "reference.bench.hf_peer",
     "reference.prose": "reference.bench.prose",
+    "reference.native_step": "reference.cpu.native_step",
+    "reference.native_batch": "reference.cpu.native_batch",
+    "reference.native_gemv": "reference.cpu.native_gemv",
+    "reference.native_attention": "reference.cpu.native_attention",
+    "reference.cpu_linear": "reference.cpu.cpu_linear",
+    "reference.huge_pages": "reference.cpu.huge_pages",
 }
 
 

@@ -51,6 +51,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     gen.add_argument("--top-p", type=float, default=None, help="nucleus sampling, 0 < p <= 1")
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--threads", type=positive, default=None, help="CPU threads (default: the cores free now)")
+    gen.add_argument("--backend", default="auto", choices=["auto", "cpu", "torch"],
+                     help="cpu: the fast CPU path (reference/cpu); torch: the plain model; auto: cpu where it serves")
     gen.add_argument("--model", default="smollm2-135m", choices=["smollm2-135m", "tiny"])
     gen.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
                      help="auto (default): CUDA when this torch sees a GPU, else the CPU")
@@ -75,6 +77,8 @@ def add_serve_parser(sub) -> None:
     serve.add_argument("--device", default="auto", choices=DEVICE_CHOICES,
                        help="auto (default): CUDA when this torch sees a GPU, else the CPU")
     serve.add_argument("--threads", type=positive, default=None, help="CPU threads (default: the cores free now)")
+    serve.add_argument("--backend", default="auto", choices=["auto", "cpu", "torch"],
+                       help="cpu: the fast CPU path (reference/cpu); torch: the plain model; auto: cpu where it serves")
 
 
 def run_generate(args: argparse.Namespace) -> None:
@@ -91,7 +95,7 @@ def run_generate(args: argparse.Namespace) -> None:
     start = time.perf_counter()
     for token in stream(model, ids, args.max_new_tokens, use_cache=not args.no_cache,
                         temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                        seed=args.seed, stop_ids=tok.stop_ids, stats=stats):
+                        seed=args.seed, stop_ids=tok.stop_ids, stats=stats, backend=args.backend):
         new.append(token)
         text = tok.decode(new)
         if not text.endswith("\ufffd"):  # wait for the rest of a multi-byte character

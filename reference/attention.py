@@ -17,7 +17,6 @@ import torch
 from torch import Tensor
 from torch.nn import functional as F
 
-from reference import native_attention
 
 
 def grouped_query_attention(q: Tensor, k: Tensor, v: Tensor, *, causal: bool = False,
@@ -88,13 +87,15 @@ def additive_mask(visible: Tensor, dtype: torch.dtype) -> Tensor:
 
 class PagedPlan:
     """What `paged_attention` needs that is the same in every layer of a step, computed once:
-    the query rows of the batched decodes and either their tables and lengths (read in place by
-    `reference.native_attention` where it runs) or their key blocks and padding mask (for the
-    gather), and per prefill chunk its rows, blocks and causal mask (masks additive, in the
-    queries' dtype). Arguments as in `paged_attention` (q and k_cache: any layer's)."""
+    the query rows of the batched decodes and either their tables and lengths (for a
+    `decode_kernel` that reads the pool in place: q [B', H, D], k_cache, v_cache, tables int32
+    [B', M], lengths int32 [B'] -> [B', H, D], as `reference.cpu.native_attention.paged_decode`)
+    or their key blocks and padding mask (for the gather), and per prefill chunk its rows, blocks
+    and causal mask (masks additive, in the queries' dtype). Arguments as in `paged_attention`
+    (q and k_cache: any layer's)."""
 
     def __init__(self, block_tables: Tensor, context_lens: Tensor, query_lens: list[int], q: Tensor,
-                 k_cache: Tensor):
+                 k_cache: Tensor, decode_kernel=None):
         device, dtype, block_size = block_tables.device, q.dtype, k_cache.shape[1]
         starts = [0]
         for n in query_lens:
@@ -103,14 +104,13 @@ class PagedPlan:
         decode = [b for b, n in enumerate(query_lens) if n == 1]
         self.decode_only = len(decode) == len(query_lens)   # then the decode rows are all N rows, in order
         self.decode_rows = self.decode_blocks = self.decode_mask = None
-        self.native = bool(decode) and native_attention.runs(q, k_cache)
-        if self.native:
+        self.decode_kernel = decode_kernel if decode else None
+        if self.decode_kernel is not None:
             self.decode_tables = block_tables[decode].to(torch.int32).contiguous()        # [B', M]
             self.decode_lens = context_lens[decode].to(torch.int32).contiguous()          # [B']
-            native_attention.check_tables(self.decode_tables, self.decode_lens, block_size, k_cache.shape[0])
         if decode:
             self.decode_rows = torch.tensor([starts[b] for b in decode], device=device)
-        if decode and not self.native:
+        if decode and self.decode_kernel is None:
             longest = max(lens[b] for b in decode)
             self.decode_blocks = table_prefix(block_tables[decode], longest, block_size)   # [B', m]
             keys = self.decode_blocks.shape[1] * block_size
@@ -140,9 +140,8 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
     [B, M]; context_lens [B]. Returns [N, H, D]. plan: a `PagedPlan` of these arguments, to reuse
     across layers (built here when None).
 
-    Decode rows (one query each) run as one batched call: on a CPU where the native library is
-    built, a C loop that reads each key where it lies (`reference.native_attention`); otherwise
-    SDPA over keys gathered to the longest context, padding masked out. Each prefill chunk runs on
+    Decode rows (one query each) run as one batched call: SDPA over keys gathered to the longest
+    context, padding masked out (or the plan's `decode_kernel`). Each prefill chunk runs on
     its own (a Python loop over the few chunks of a step), so no query is padded to another
     sequence's length.
     """
@@ -163,10 +162,10 @@ def paged_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, block_tables: T
 
 def decode_rows_attention(q: Tensor, k_cache: Tensor, v_cache: Tensor, plan: PagedPlan) -> Tensor:
     """The decode rows of a step: q [B', H, D] (row b: the plan's b-th decode sequence) -> [B', H, D].
-    Natively, each key read where it lies; otherwise one SDPA call over the keys gathered to the
-    longest context, the padding masked out."""
-    if plan.native:
-        return native_attention.paged_decode(q, k_cache, v_cache, plan.decode_tables, plan.decode_lens)
+    One SDPA call over the keys gathered to the longest context, the padding masked out (or the
+    plan's `decode_kernel`, reading each key where it lies)."""
+    if plan.decode_kernel is not None:
+        return plan.decode_kernel(q, k_cache, v_cache, plan.decode_tables, plan.decode_lens)
     k = gather_blocks(k_cache, plan.decode_blocks).transpose(1, 2)      # [B', H_kv, L, D]
     v = gather_blocks(v_cache, plan.decode_blocks).transpose(1, 2)
     o = F.scaled_dot_product_attention(q[:, :, None], k, v, attn_mask=plan.decode_mask, enable_gqa=True)

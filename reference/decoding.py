@@ -10,6 +10,7 @@ import torch
 from torch import Tensor
 
 from reference import threads
+from reference.cpu import backend_for
 from reference.device import device_of
 
 
@@ -111,10 +112,11 @@ def check_sampling(temperature: float, top_k: int | None, top_p: float | None) -
 def stream(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool = True,
            temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
            seed: int | None = None, stop_ids: list[int] | None = None,
-           stats: DecodeStats | None = None) -> Iterator[int]:
+           stats: DecodeStats | None = None, backend: str = "auto") -> Iterator[int]:
     """Yield new token ids one at a time (see `generate` for the arguments)."""
     check_request(model, prompt_ids, max_new_tokens)
     check_sampling(temperature, top_k, top_p)
+    model = backend_for(model, backend)
     generator = torch.Generator()
     if seed is None:
         generator.seed()  # nondeterministic
@@ -144,7 +146,7 @@ def stream(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool
 def generate(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bool = True,
              temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
              seed: int | None = None, stop_ids: list[int] | None = None,
-             stats: DecodeStats | None = None) -> list[int]:
+             stats: DecodeStats | None = None, backend: str = "auto") -> list[int]:
     """Generate up to max_new_tokens after prompt_ids; returns the new token ids only.
 
     use_cache=False re-runs the model over the whole sequence at every step (chapter 01);
@@ -153,7 +155,10 @@ def generate(model, prompt_ids: list[int], max_new_tokens: int, *, use_cache: bo
     Generation ends early when the model picks a token in stop_ids; that token is not returned
     (so decoding the result gives the reply without its end-of-turn marker).
     `stats`, if given, is filled with work counters and timings.
+    backend: "auto" runs the model through the fast CPU path where it can serve it
+    (`reference.cpu.CpuModel`: a float32 model on the CPU without hooks), "cpu" insists on it,
+    "torch" runs the plain model as written (reference/model.py).
     """
     return list(stream(model, prompt_ids, max_new_tokens, use_cache=use_cache,
                        temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
-                       stop_ids=stop_ids, stats=stats))
+                       stop_ids=stop_ids, stats=stats, backend=backend))

@@ -51,7 +51,7 @@ class KVCache:
 
     def filled(self, n: int) -> None:
         """Record that every layer now holds positions < n, written into k and v in place by
-        someone else (reference.native_step writes a decode step's keys and values itself)."""
+        someone else (reference.cpu.native_step writes a decode step's keys and values itself)."""
         if not 0 <= n <= self.max_len:
             raise ValueError(f"cannot hold {n} tokens: max_len={self.max_len}")
         self._lengths = [n] * len(self._lengths)

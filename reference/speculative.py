@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from reference.cpu import backend_for
 from reference.decoding import check_request, check_sampling, filtered_probs
 from reference.device import device_of
 from reference.drafters import as_drafter
@@ -138,8 +139,8 @@ class SpecStats:
 
 def speculative_generate(target, draft, prompt_ids: list[int], max_new_tokens: int, *, k: int = 4,
                          temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-                         seed: int | None = None, stop_ids: list[int] | None = None
-                         ) -> tuple[list[int], SpecStats]:
+                         seed: int | None = None, stop_ids: list[int] | None = None,
+                         backend: str = "auto") -> tuple[list[int], SpecStats]:
     """Generate like `reference.decoding.generate(target, ...)`, drafting k tokens per target pass.
 
     draft: a drafter (`reference.drafters`) or a model with the target's call interface.
@@ -151,8 +152,10 @@ def speculative_generate(target, draft, prompt_ids: list[int], max_new_tokens: i
     feeds [last, d_1..d_k] (k + 1 positions); with m drafts accepted, the entries of last and
     d_1..d_m stay valid and those of the rejected drafts are cut off: cache.truncate(len - 1) on
     the grown sequence restores the invariant. The drafter keeps its own cache (see drafters).
+    backend: how the target runs (`reference.cpu.backend_for`, as in `generate`).
     """
     check_request(target, prompt_ids, max_new_tokens)
+    target = backend_for(target, backend)
     check_sampling(temperature, top_k, top_p)
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an integer >= 1, got {k}")

@@ -28,6 +28,8 @@ import os
 import sys
 import time
 
+import torch
+
 
 def allowed_cpus() -> list[int]:
     """CPU ids this process may run on (its affinity mask, else all CPUs)."""
@@ -108,8 +110,6 @@ def configure(threads: int | None = None) -> int:
 
     A count given here is kept: `adapt` leaves it alone. So is one set by anyone else with
     `torch.set_num_threads` after this call."""
-    import torch
-
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     n = threads if threads is not None else choose_threads()
@@ -125,9 +125,10 @@ class _Governor:
     def __init__(self):
         self.chosen: int | None = None
         self.last: tuple[float, float, dict[int, tuple[int, int]]] | None = None
+        self.automatic = True   # no count configured yet: the first `adapt` configures
 
     def reset(self, chosen: int | None) -> None:
-        self.chosen, self.last = chosen, None
+        self.chosen, self.last, self.automatic = chosen, None, False
 
     def look(self) -> tuple[float, float, dict[int, tuple[int, int]]]:
         """(wall seconds, this process's CPU seconds, /proc/stat ticks) now."""
@@ -136,6 +137,7 @@ class _Governor:
 
 
 _governor = _Governor()
+_STARTUP_THREADS = torch.get_num_threads()   # torch's own count, before any choice
 ADAPT_EVERY_S = 1.0
 
 
@@ -143,11 +145,14 @@ def adapt(every_s: float = ADAPT_EVERY_S) -> int | None:
     """Re-choose torch's threads from the load other processes put on the allowed CPUs since the
     last look (at most once per `every_s` seconds; one read of /proc/stat, no sleep).
 
-    Acts only on a count `configure` chose itself, and only while nobody changed it since.
-    Returns the thread count set, or None when it changed nothing."""
-    import torch
-
+    Acts only on a count `configure` chose itself, and only while nobody changed it since. The
+    first call in a process where nothing configured the threads yet (the Python API: `generate`,
+    `LLM`) configures them, unless torch's count is no longer the one it had when this module was
+    imported (someone fixed it). Returns the thread count set, or None when it changed nothing."""
     gov = _governor
+    if gov.automatic:
+        gov.automatic = False
+        return configure() if torch.get_num_threads() == _STARTUP_THREADS else None
     if gov.chosen is None or torch.get_num_threads() != gov.chosen:
         gov.chosen = None
         return None

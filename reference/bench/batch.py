@@ -143,7 +143,7 @@ def profile_engine(model, tokenizer, prompts: list[list[int]], n: int) -> dict[s
     block tables, sampling), which sum to the wall time."""
     from torch.profiler import ProfilerActivity, profile, record_function
 
-    from reference import native_attention
+    from reference.cpu import native_attention
 
     real = native_attention.paged_decode
 

@@ -14,7 +14,7 @@ The *floor* of a decode step is the time of the matrix products it cannot avoid:
 matrix of the model (and the cached K/V) streamed through the same matmuls, back to back, with
 nothing else in between. A step cannot be faster than its floor on the same machine, so
 step time / floor measures everything else a step spends (Python, small ops, allocations). A
-batch-1 step that runs natively (reference/native_step.py) is timed against the native floor:
+batch-1 step that runs natively (reference/cpu/native_step.py) is timed against the native floor:
 the same reads, split over the threads with the same barriers, in one call.
 """
 from __future__ import annotations
@@ -28,8 +28,8 @@ from torch import Tensor
 
 from reference.bench import measure
 from reference.bench.hf_peer import load_hf_peer
-from reference import cpu_linear, native_gemv, native_step
-from reference.cpu_linear import linear
+from reference.cpu import backend_for, cpu_linear, native_gemv, native_step
+from reference.cpu.cpu_linear import linear
 from reference.decoding import DecodeStats, generate
 from reference.model import load_model
 from reference.threads import choose_threads, configure, wait_policy
@@ -187,15 +187,13 @@ def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repea
 
 
 def step_path_note(model) -> str:
-    """How a batch-1 step runs: natively in one call (reference/native_step.c), or through the
+    """How a batch-1 step runs: natively in one call (reference/cpu/native_step.c), or through the
     model's operators with the one-row path the race chose, the file it lives in, and why the
     native code is missing when it is."""
     if native_step.runs(model):
-        return "native step (reference/native_step.c, on a packed copy of the weights)"
-    path = cpu_linear.one_row_path()
-    where = "reference/native_gemv.c" if path == "native" else "reference/cpu_linear.py"
+        return "native step (reference/cpu/native_step.c, on a packed copy of the weights)"
     missing = "" if native_gemv.available() else f"; native code {native_gemv.describe()}"
-    return f"torch operators, one-row products {path} ({where}{missing})"
+    return f"torch operators, one-row products {cpu_linear.one_row_path()} (reference/cpu/cpu_linear.py{missing})"
 
 
 def run(args: argparse.Namespace, loaded: tuple | None = None) -> None:
@@ -203,9 +201,11 @@ def run(args: argparse.Namespace, loaded: tuple | None = None) -> None:
     else both models are loaded here."""
     threads = configure(args.threads)
     model, tok, hf = loaded or (*load_model("smollm2-135m"), load_hf_peer())
+    fast = backend_for(model)   # what `generate` runs by default (reference.cpu)
     ids = tok.chat_ids(PROMPT)
     print(f"threads: {threads} ({'--threads' if args.threads else 'free cores'}), OpenMP wait "
-          f"policy: {wait_policy()}   batch-1 steps: {step_path_note(model)}   prompt: {len(ids)} "
+          f"policy: {wait_policy()}   backend: {type(fast).__name__}, batch-1 steps: "
+          f"{step_path_note(model)}   prompt: {len(ids)} "
           f"tokens   weights: "
           f"{model.weight_bytes() / 2**20:.0f} MiB {str(model.embed.weight.dtype).removeprefix('torch.')}\n")
     time_ours(model, ids, 4, True), time_hf(hf, ids, 4)  # warm-up: allocator, thread pool
@@ -214,7 +214,7 @@ def run(args: argparse.Namespace, loaded: tuple | None = None) -> None:
         operators_row(model, ids, args.tokens[0], args.repeats)
     if args.batch:
         print()
-        batched_rows(model, ids, args.batch, args.batch_tokens, args.repeats)
+        batched_rows(fast, ids, args.batch, args.batch_tokens, args.repeats)
     if args.under_load:
         print()
         under_load_rows(model, hf, ids, args.tokens[0], speeds[args.tokens[0]], args.repeats)

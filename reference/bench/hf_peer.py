@@ -10,7 +10,7 @@ from unittest import mock
 import torch
 
 from reference.device import resolve_device
-from reference.model import gguf_path, read_gguf
+from reference.weights import gguf_path, read_gguf
 
 
 def load_hf_peer(dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"):

@@ -23,7 +23,7 @@ from collections.abc import Callable, Hashable, Iterator
 
 import torch
 
-from reference import huge_pages
+from reference.cpu import huge_pages
 
 
 def _synchronize(device) -> None:
@@ -72,7 +72,7 @@ def copy_bandwidth(n_bytes: int = 128 << 20, seconds: float = 1.0, device: str |
     """Bytes/s of `dst.copy_(src)` on float32 tensors of n_bytes each: 2 * n_bytes per copy
     (the read of src and the write of dst, STREAM's convention), median of runs filling about
     `seconds`. On the CPU both live where `load_model` puts the weights: on huge pages
-    (reference/huge_pages.py) unless they are switched off or unsupported, since a copy runs
+    (reference/cpu/huge_pages.py) unless they are switched off or unsupported, since a copy runs
     7-25% faster there and the weights' streaming is compared with it."""
     if n_bytes < 4 or seconds <= 0:
         raise ValueError(f"need n_bytes >= 4 and seconds > 0, got {n_bytes}, {seconds}")

@@ -7,10 +7,11 @@ A decode step feeds 1 position, a step that verifies k drafts feeds k + 1, a bat
 per sequence. Each pass reads every weight once, and in float32 does about T/2 FLOPs per weight
 byte; below the machine's ridge point the roofline says a T-position pass costs what a 1-position
 pass costs. This benchmark times, side by side in one process and interleaved, the real model's
-pass over T positions after `--context` cached ones three ways: our model with weights packed
-once for oneDNN (reference/cpu_linear.py, the default), our model through plain `F.linear`, and
-Hugging Face transformers on the same weights; beside them the roofline's prediction from this
-machine's measured copy bandwidth and matmul FLOP/s (chapter 04).
+pass over T positions after `--context` cached ones three ways: our model through the fast CPU
+path (`reference.cpu.CpuModel`: weights packed once for oneDNN, reference/cpu/cpu_linear.py, the
+default), the plain model (reference/model.py: `F.linear`), and Hugging Face transformers on the
+same weights; beside them the roofline's prediction from this machine's measured copy bandwidth
+and matmul FLOP/s (chapter 04).
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reference import cpu_linear
+from reference.cpu import backend_for, why_not
 from reference.bench.machine import MachineRoofline, measure_machine
 from reference.bench.measure import interleaved_medians
 from reference.calculators.roofline import forward_cost
@@ -44,19 +45,16 @@ def predicted_seconds(cfg, dtype: torch.dtype, machine: MachineRoofline, positio
 
 
 class OursPass:
-    """One pass of our model over T positions after a fixed cached prefix, rolled back after."""
+    """One pass of our model (as `backend` runs it) over T positions after a fixed cached prefix,
+    written by position: the next pass overwrites it."""
 
-    def __init__(self, model, prompt: torch.Tensor, packed: bool):
-        self.model, self.packed, self.context = model, packed, prompt.shape[1]
+    def __init__(self, model, prompt: torch.Tensor, backend: str):
+        self.model, self.context = backend_for(model, backend), prompt.shape[1]
         self.cache = model.new_cache(1, self.context + 64)
-        model(prompt, cache=self.cache)
+        self.model(prompt, cache=self.cache)
 
     def __call__(self, ids: torch.Tensor) -> None:
-        previous = cpu_linear.set_enabled(self.packed)
-        try:
-            self.model(ids, positions=torch.arange(self.context, self.context + ids.shape[1]), cache=self.cache)
-        finally:
-            cpu_linear.set_enabled(previous)
+        self.model(ids, positions=torch.arange(self.context, self.context + ids.shape[1]), cache=self.cache)
 
 
 class HFPass:
@@ -79,9 +77,9 @@ def measure_passes(model, hf=None, *, context: int = 128, positions=(1, 2, 5, 8,
     gen = torch.Generator().manual_seed(seed)
     vocab = model.config.vocab_size
     prompt = torch.randint(0, vocab, (1, context), generator=gen)
-    runners = {"ours": OursPass(model, prompt, packed=True)}
-    if cpu_linear.available():
-        runners["ours, F.linear"] = OursPass(model, prompt, packed=False)
+    runners = {"ours": OursPass(model, prompt, "auto")}
+    if why_not(model) is None:             # "ours" ran the CPU backend: the plain model beside it
+        runners["ours, plain model"] = OursPass(model, prompt, "torch")
     if hf is not None:
         runners["HF"] = HFPass(hf, prompt)
     machine = machine or measure_machine(seconds=2.0)

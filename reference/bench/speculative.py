@@ -22,6 +22,7 @@ import statistics
 
 import torch
 
+from reference.cpu import backend_for
 from reference.bench.hf_peer import load_hf_peer
 from reference.bench.measure import timed
 from reference.decoding import generate
@@ -142,8 +143,9 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     threads = configure(args.threads)
     model, tok = load_model("smollm2-135m")
+    model = backend_for(model)   # the fast CPU path where it serves, drafts and engine included
     generate(model, tok.chat_ids("Hi"), 4)  # warm-up: allocator, thread pool
-    print(f"threads: {threads}   k: {args.k}   greedy, up to {args.tokens} new tokens, "
+    print(f"threads: {threads}   backend: {type(model).__name__}   k: {args.k}   greedy, up to {args.tokens} new tokens, "
           f"median of {args.repeats}\n")
     hf = None if args.no_hf else load_hf_peer()
     results = {task: run_task(model, tok, prompt, args, hf) for task, prompt in TASKS.items()}

@@ -20,6 +20,7 @@ from collections.abc import Sequence as SequenceABC
 import torch
 
 from reference import threads
+from reference.cpu import backend_for
 from reference.engine.params import RequestMetrics, RequestOutput, SamplingParams
 from reference.engine.runner import ModelRunner
 from reference.engine.sampler import Sampler
@@ -38,7 +39,7 @@ class LLMEngine:
                  enable_prefix_caching: bool = True, scheduling: str = "continuous",
                  attention: str = "torch", kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES,
                  speculative: str | None = None, num_speculative_tokens: int = 4,
-                 speculative_draft_layers: int | None = None):
+                 speculative_draft_layers: int | None = None, backend: str = "auto"):
         for name, value in (("block_size", block_size), ("max_num_seqs", max_num_seqs),
                             ("max_num_batched_tokens", max_num_batched_tokens)):
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -46,6 +47,7 @@ class LLMEngine:
         if max_num_batched_tokens < max_num_seqs:
             raise ValueError(f"max_num_batched_tokens ({max_num_batched_tokens}) must be >= max_num_seqs "
                              f"({max_num_seqs}): every running sequence decodes one token per step")
+        model = backend_for(model, backend)   # the fast CPU path where it serves (reference.cpu)
         self.model, self.tokenizer, self.config = model, tokenizer, model.config
         if num_blocks is None:  # a memory budget, but never more than every slot could ever use
             by_memory = kv_cache_bytes // ModelRunner.bytes_per_block(model, block_size)
@@ -228,7 +230,8 @@ class LLMEngine:
 class LLM:
     """`LLM(model="smollm2-135m" | "tiny" | a reference.model.Llama, tokenizer=..., **engine knobs)`;
     the knobs are `LLMEngine`'s (block_size, num_blocks, max_num_seqs, max_num_batched_tokens,
-    enable_prefix_caching, scheduling, attention, kv_cache_bytes, speculative = None |
+    enable_prefix_caching, scheduling, attention, kv_cache_bytes, backend = "auto" | "cpu" |
+    "torch" (reference.cpu.backend_for), speculative = None |
     "prompt_lookup" | "layer_skip", num_speculative_tokens, speculative_draft_layers).
 
     device: where a model named by string is loaded: "auto" (CUDA when this torch sees a GPU,

@@ -205,6 +205,6 @@ def serve(args) -> None:
     llm = LLM(model=args.model, block_size=args.block_size, num_blocks=args.num_blocks,
               max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
               enable_prefix_caching=not args.no_prefix_caching, scheduling=args.scheduling,
-              attention=args.attention, device=args.device)
+              attention=args.attention, device=args.device, backend=args.backend)
     configure(args.threads)   # once the knobs are known to be good: the cores free now
     uvicorn.run(build_app(llm, args.model), host=args.host, port=args.port, log_level="info")

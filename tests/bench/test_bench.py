@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from reference import native_gemv
+from reference.cpu import native_gemv
 from reference.bench import decode, measure
 from reference.decoding import generate
 from reference.model import build_tiny
@@ -19,7 +19,7 @@ from devices import DEVICES
 def test_floor_reads_every_weight_matrix_once(monkeypatch):
     model = build_tiny(0)
     seen = []
-    real_linear = decode.linear      # reference.cpu_linear.linear, as the model's layers use it
+    real_linear = decode.linear      # reference.cpu.cpu_linear.linear, as the model's layers use it
     monkeypatch.setattr(decode, "linear", lambda x, w: seen.append(w) or real_linear(x, w))
     decode.floor_step(model, decode.floor_inputs(model, batch=2, context=7))
     matrices = [p for p in model.parameters() if p.dim() == 2]

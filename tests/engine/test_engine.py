@@ -85,13 +85,11 @@ def test_one_model_call_per_step_mixes_prefill_chunks_with_decodes(tiny, prompts
     model, tok = tiny
     llm = LLM(model, tokenizer=tok, block_size=4, num_blocks=400, max_num_seqs=4, max_num_batched_tokens=16)
     calls, batches = [], []
-    handle = model.register_forward_hook(lambda mod, inp, out: calls.append(inp[0].shape))
+    served = llm.engine.runner.model          # the model as the engine runs it (its backend)
+    llm.engine.runner.model = lambda ids, **kw: (calls.append(ids.shape), served(ids, **kw))[1]
     original = llm.engine.runner.run
     llm.engine.runner.run = lambda batch, blocks: (batches.append([n for _, n in batch]), original(batch, blocks))[1]
-    try:
-        llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
-    finally:
-        handle.remove()
+    llm.generate(prompts, SamplingParams(max_tokens=MAX_TOKENS))
     assert len(calls) == llm.engine.stats["steps"] == len(batches)
     assert max(len(b) for b in batches) == 4, "the batch never filled its four slots"
     assert any(1 in b and any(n > 1 for n in b) for b in batches), "no step mixed a prompt chunk with decodes"

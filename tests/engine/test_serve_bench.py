@@ -54,7 +54,7 @@ def test_poisson_offsets_start_at_zero_and_scale_with_the_rate():
 
 @pytest.mark.slow
 def test_real_model_prompts_use_the_chat_template():
-    from reference.model import gguf_path, read_gguf
+    from reference.weights import gguf_path, read_gguf
     from reference.tokenizer import Tokenizer
     tok = Tokenizer.from_gguf(read_gguf(gguf_path()))
     requests = make_workload(tok, 4, 16, 0)

@@ -1,4 +1,4 @@
-"""reference.native_attention: the engine's decode attention read in place from the paged pool
+"""reference.cpu.native_attention: the engine's decode attention read in place from the paged pool
 equals attention computed in float64 over the same keys, whatever the block size, head layout,
 thread count or row stride, serves the decode rows of a mixed step beside the gather's prompt
 chunks, and refuses tables that point outside the pool before reading anything."""
@@ -9,8 +9,10 @@ import sys
 import pytest
 import torch
 
-from reference import native_attention, native_gemv
-from reference.attention import PagedPlan, paged_attention
+from types import SimpleNamespace
+
+from reference.cpu import native_attention, native_batch, native_gemv
+from reference.attention import paged_attention
 from test_cpu_linear import relative_error
 
 pytestmark = pytest.mark.skipif(not native_gemv.available(),
@@ -93,7 +95,8 @@ def test_mixed_step_serves_decodes_natively_beside_prompt_chunks(monkeypatch, na
         context_lens, query_lens = [1, 37, 20, 9], [1, 1, 20, 4]
         k, v, tables, lens = paged_pool(context_lens, 4, 2, 8, seed=11)
         q = torch.randn(sum(query_lens), 6, 8, generator=torch.Generator().manual_seed(12))
-        out = paged_attention(q, k, v, tables, lens, query_lens)
+        step = SimpleNamespace(block_tables=tables, context_lens=lens, query_lens=query_lens)
+        out = paged_attention(q, k, v, tables, lens, query_lens, native_batch.decode_plan(step, q, k))
     finally:
         native_attention.set_enabled(previous)
     assert relative_error(out, attention64(q, k, v, tables, lens, query_lens)) < 1e-5
@@ -138,8 +141,9 @@ def test_bad_tables_are_refused_before_reading(table_edit, lens_edit, message):
         if edit is not None:
             edit(value)
     q = torch.randn(2, 2, 8)
+    step = SimpleNamespace(block_tables=tables, context_lens=lens, query_lens=[1, 1])
     with pytest.raises(ValueError, match=message):
-        PagedPlan(tables, lens, [1, 1], q, k)
+        native_batch.decode_plan(step, q, k)
 
 
 def test_wrong_layout_is_a_clear_error():
@@ -159,7 +163,7 @@ def test_switch_and_when_it_runs():
         assert not native_attention.runs(q, k)
     finally:
         native_attention.set_enabled(previous)
-    code = "from reference import native_attention; print(native_attention.enabled())"
+    code = "from reference.cpu import native_attention; print(native_attention.enabled())"
     env = {**os.environ, "REFERENCE_NATIVE_ATTENTION": "0"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "False"

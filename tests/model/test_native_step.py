@@ -1,6 +1,6 @@
-"""reference.native_step: a batch-1 decode step in one native call equals the model's own
-operators run in float64, writes the cache as they do, serves only the steps it should, and fails
-as they do on a full cache or a bad token."""
+"""reference.cpu.native_step: a batch-1 decode step in one native call (through
+`reference.cpu.CpuModel`) equals the model's own operators run in float64, writes the cache as they
+do, serves only the steps it should, and fails as they do on a full cache or a bad token."""
 import copy
 import os
 import subprocess
@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch import nn
 
-from reference import native_gemv, native_step
+from reference.cpu import CpuModel, backend_for, native_gemv, native_step
 from reference.decoding import generate
 from reference.kv_cache import KVCache
 from reference.model import TINY, Llama, ModelConfig, build_tiny
@@ -36,7 +36,7 @@ def random_model(cfg: ModelConfig, seed: int) -> Llama:
 
 @pytest.fixture
 def native_calls(monkeypatch):
-    """A list that gets one entry per step `Llama.forward` hands to the native code."""
+    """A list that gets one entry per step a `CpuModel` hands to the native code."""
     calls, real = [], native_step.decode_step
     monkeypatch.setattr(native_step, "decode_step", lambda *a: calls.append(a) or real(*a))
     return calls
@@ -46,12 +46,12 @@ def native_calls(monkeypatch):
 @pytest.mark.parametrize("cfg", [TINY, ODD], ids=["tiny", "odd"])
 def test_steps_equal_the_operators_in_float64(native_calls, threads, cfg):
     model = random_model(cfg, seed=threads)
-    model64 = copy.deepcopy(model).double()               # float64 never takes the native path
+    fast, model64 = CpuModel(model), copy.deepcopy(model).double()
     prompt = torch.randint(0, cfg.vocab_size, (1, 7), generator=torch.Generator().manual_seed(1))
     cache, cache64 = model.new_cache(1, 20), model64.new_cache(1, 20)
-    model(prompt, cache=cache), model64(prompt, cache=cache64)
+    fast(prompt, cache=cache), model64(prompt, cache=cache64)
     for step, token in enumerate(torch.randint(0, cfg.vocab_size, (9,)).tolist()):
-        got = model(torch.tensor([[token]]), cache=cache)
+        got = fast(torch.tensor([[token]]), cache=cache)
         want = model64(torch.tensor([[token]]), cache=cache64)
         assert got.shape == want.shape == (1, 1, cfg.vocab_size) and got.dtype == torch.float32
         assert relative_error(got, want) < 1e-5, f"logits differ at step {step}"
@@ -65,15 +65,15 @@ def test_steps_equal_the_operators_in_float64(native_calls, threads, cfg):
 
 def test_thread_count_may_change_between_steps(native_calls):
     model = build_tiny(seed=3)
-    model64 = copy.deepcopy(model).double()
+    fast, model64 = CpuModel(model), copy.deepcopy(model).double()
     cache, cache64 = model.new_cache(1, 16), model64.new_cache(1, 16)
-    model(torch.tensor([[1, 2, 3]]), cache=cache), model64(torch.tensor([[1, 2, 3]]), cache=cache64)
+    fast(torch.tensor([[1, 2, 3]]), cache=cache), model64(torch.tensor([[1, 2, 3]]), cache=cache64)
     before = torch.get_num_threads()
     try:
         for threads in (3, 1, 2, 4):
             torch.set_num_threads(threads)
             token = torch.tensor([[threads * 11]])
-            assert relative_error(model(token, cache=cache), model64(token, cache=cache64)) < 1e-5
+            assert relative_error(fast(token, cache=cache), model64(token, cache=cache64)) < 1e-5
     finally:
         torch.set_num_threads(before)
     assert len(native_calls) == 4
@@ -82,114 +82,114 @@ def test_thread_count_may_change_between_steps(native_calls):
 def test_greedy_tokens_equal_the_operators_on_smollm2(real_model, native_calls):
     model, tok = real_model
     prompt = tok.chat_ids("Name three primary colours.")
-    native = generate(model, prompt, 24)
+    native = generate(model, prompt, 24, backend="cpu")
     assert len(native_calls) == 23                          # every step after the prefill
     previous = native_step.set_enabled(False)
     try:
-        operators = generate(model, prompt, 24)
+        operators = generate(model, prompt, 24, backend="cpu")
     finally:
         native_step.set_enabled(previous)
-    assert native == operators
+    assert native == operators == generate(model, prompt, 24, backend="torch")
 
 
 def test_steps_it_does_not_serve_take_the_operators(native_calls):
     model = build_tiny(seed=4)
+    fast = CpuModel(model)
     token = torch.tensor([[5]])
 
     def prefilled(batch=1):
         cache = model.new_cache(batch, 32)
-        model(torch.tensor([[1, 2, 3]] * batch), cache=cache)
+        fast(torch.tensor([[1, 2, 3]] * batch), cache=cache)
         return cache
 
-    model(token, cache=prefilled(), positions=torch.tensor([3]))             # written by position
-    model(token, cache=prefilled(), num_layers=1)                            # a self-draft
-    model(token, cache=prefilled(), logits_rows=torch.tensor([0]))
-    model(token, cache=prefilled(), mask=torch.ones(1, 4, dtype=torch.bool))
-    model(token.int(), cache=prefilled())                                    # the C code reads int64
-    model(torch.tensor([[5, 6]]), cache=prefilled())                         # two positions
-    model(token)                                                             # no cache
-    model(torch.tensor([[5], [6]]), cache=prefilled(batch=2))                # two sequences
+    fast(token, cache=prefilled(), positions=torch.tensor([3]))              # written by position
+    fast(token, cache=prefilled(), num_layers=1)                             # a self-draft
+    fast(token, cache=prefilled(), logits_rows=torch.tensor([0]))
+    fast(token, cache=prefilled(), mask=torch.ones(1, 4, dtype=torch.bool))
+    fast(token.int(), cache=prefilled())                                     # the C code reads int64
+    fast(torch.tensor([[5, 6]]), cache=prefilled())                          # two positions
+    fast(token)                                                              # no cache
+    fast(torch.tensor([[5], [6]]), cache=prefilled(batch=2))                 # two sequences
     unaligned = prefilled()
-    model(token, cache=unaligned, num_layers=1)                              # layer 0 is ahead
-    model(token, cache=unaligned)
+    fast(token, cache=unaligned, num_layers=1)                               # layer 0 is ahead
+    fast(token, cache=unaligned)
     shallow = KVCache(1, 1, TINY.n_kv_heads, 8, TINY.head_dim)              # another model's depth
     with pytest.raises(IndexError):
-        model(token, cache=shallow)
+        fast(token, cache=shallow)
     model.attention_backend = "naive"
-    model(token, cache=prefilled())
+    fast(token, cache=prefilled())
     model.attention_backend = "sdpa"
     previous = native_step.set_enabled(False)
-    model(token, cache=prefilled())
+    fast(token, cache=prefilled())
     native_step.set_enabled(previous)
     assert native_calls == []
-    model(token, cache=prefilled())
+    fast(token, cache=prefilled())
     assert len(native_calls) == 1
 
 
 def test_what_someone_watches_runs_as_operators(native_calls, monkeypatch):
-    """A hook inside the model, or a cache whose append records, sees the operators it watches."""
+    """A hook inside the model is refused when a CpuModel is built (the native step would skip
+    it), and "auto" then runs the plain model; a cache whose append records sees the operators."""
     model = build_tiny(seed=8)
-    cache = model.new_cache(1, 16)
-    model(torch.tensor([[1, 2, 3]]), cache=cache)
-    model(torch.tensor([[3]]), cache=cache)              # native: a look found no hook
-    assert len(native_calls) == 1
-    native_calls.clear()
     seen = []
     handle = model.blocks[1].attn.o_proj.register_forward_hook(lambda m, inp, out: seen.append(out.shape))
-    model(torch.tensor([[4]]), cache=cache)
+    with pytest.raises(ValueError, match="hook is registered on blocks.1.attn.o_proj"):
+        CpuModel(model)
+    assert backend_for(model) is model
+    generate(model, [1, 2, 3], 2)
     handle.remove()
-    assert seen == [(1, 1, TINY.d_model)] and native_calls == []
-    handle = nn.modules.module.register_module_forward_pre_hook(lambda m, inp: seen.append("global"))
-    model(torch.tensor([[4]]), cache=cache)
-    handle.remove()
-    assert "global" in seen and native_calls == []
-    cache.truncate(5)
-    del seen[1:]
+    assert seen == [(1, 3, TINY.d_model), (1, 1, TINY.d_model)] and native_calls == []
+    fast = backend_for(model)
+    assert isinstance(fast, CpuModel) and backend_for(model) is fast
+    cache = model.new_cache(1, 16)
+    fast(torch.tensor([[1, 2, 3]]), cache=cache)
+    del seen[:]
     plain = cache.append
     cache.append = lambda layer, k, v: seen.append(k.shape) or plain(layer, k, v)
-    model(torch.tensor([[5]]), cache=cache)
+    fast(torch.tensor([[5]]), cache=cache)
     del cache.append
-    assert seen[1:] == [(1, TINY.n_kv_heads, 1, TINY.head_dim)] * TINY.n_layers and native_calls == []
+    assert seen == [(1, TINY.n_kv_heads, 1, TINY.head_dim)] * TINY.n_layers and native_calls == []
     with monkeypatch.context() as patch:
         patch.setattr(KVCache, "append", lambda self, *a: seen.append("class") or plain.__func__(self, *a))
-        model(torch.tensor([[6]]), cache=cache)
+        fast(torch.tensor([[6]]), cache=cache)
     assert seen[-1] == "class" and native_calls == []
-    model(torch.tensor([[7]]), cache=cache)
-    assert len(native_calls) == 1 and cache.length == 8
+    fast(torch.tensor([[7]]), cache=cache)
+    assert len(native_calls) == 1 and cache.length == 6
 
 
 def test_the_environment_switch_turns_it_off():
-    code = "from reference import native_step; print(native_step.enabled())"
+    code = "from reference.cpu import native_step; print(native_step.enabled())"
     env = {**os.environ, "REFERENCE_NATIVE_STEP": "0"}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
     assert done.stdout.strip() == "False", done.stderr
 
 
 def test_a_full_cache_and_a_bad_token_are_clear_errors():
-    model = build_tiny(seed=5)
-    cache = model.new_cache(1, 4)
-    model(torch.tensor([[1, 2, 3, 4]]), cache=cache)
+    fast = CpuModel(build_tiny(seed=5))
+    cache = fast.new_cache(1, 4)
+    fast(torch.tensor([[1, 2, 3, 4]]), cache=cache)
     with pytest.raises(ValueError, match="KV cache full"):
-        model(torch.tensor([[5]]), cache=cache)
+        fast(torch.tensor([[5]]), cache=cache)
     cache.truncate(3)
     with pytest.raises(IndexError, match="outside the vocabulary"):
-        model(torch.tensor([[TINY.vocab_size]]), cache=cache)
+        fast(torch.tensor([[TINY.vocab_size]]), cache=cache)
     assert cache.length == 3, "a refused step must leave the cache as it was"
 
 
 def test_a_replaced_weight_is_read_from_its_new_buffer(native_calls):
     model = build_tiny(seed=6)
+    fast = CpuModel(model)                               # the table of weights is built here
     token = torch.tensor([[7]])
     cache = model.new_cache(1, 8)
-    model(torch.tensor([[1, 2]]), cache=cache)
-    model(token, cache=cache)                            # the table of weights is built here
+    fast(torch.tensor([[1, 2]]), cache=cache)
+    fast(token, cache=cache)
     with torch.no_grad():
         qkv = model.blocks[1].attn.qkv_proj
-        qkv.weight = nn.Parameter((2 * qkv.weight.detach()).t().contiguous().t())   # input-major
+        qkv.weight = nn.Parameter(2 * qkv.weight.detach())
     model64 = copy.deepcopy(model).double()
     cache, cache64 = model.new_cache(1, 8), model64.new_cache(1, 8)
-    model(torch.tensor([[1, 2]]), cache=cache), model64(torch.tensor([[1, 2]]), cache=cache64)
-    assert relative_error(model(token, cache=cache), model64(token, cache=cache64)) < 1e-5
+    fast(torch.tensor([[1, 2]]), cache=cache), model64(torch.tensor([[1, 2]]), cache=cache64)
+    assert relative_error(fast(token, cache=cache), model64(token, cache=cache64)) < 1e-5
     assert len(native_calls) == 2
 
 
@@ -209,7 +209,7 @@ def test_the_floor_reads_and_writes_nothing_the_model_holds():
 def test_the_panel_layout_puts_every_weight_where_the_c_code_reads_it():
     """Panel p, chunk c, row r, lane k holds weight[16 c + k, 8 p + r]; zeros past the edges."""
     n_out, n_in = 37, 13                                  # neither a multiple of 16 nor of 8
-    weight = torch.randn(n_in, n_out).t()                 # input-major, as the model stores it
+    weight = torch.randn(n_out, n_in)                     # [out, in], as nn.Linear stores it
     dest = torch.full(tuple(native_step._packed_shape(weight, "panels")), float("nan"))
     native_step._pack_panels(dest, weight)
     panels, chunks = dest.shape[:2]
@@ -226,7 +226,7 @@ def test_the_strip_layouts_put_every_weight_where_the_c_code_reads_it(layout):
     zeros where that column does not exist."""
     d_ff, n_in = 37, 5                                    # no multiple of 16 or 32
     n_out = 2 * d_ff if layout == "paired strips" else 45
-    weight = torch.randn(n_in, n_out).t()
+    weight = torch.randn(n_out, n_in)
     dest = torch.full(tuple(native_step._packed_shape(weight, layout)), float("nan"))
     native_step._PACKERS[layout](dest, weight)
     assert dest.shape == ((-(-d_ff // 16) if layout == "paired strips" else 2), n_in, 32)
@@ -244,10 +244,8 @@ def test_the_strip_layouts_put_every_weight_where_the_c_code_reads_it(layout):
 
 def test_the_packed_copy_is_counted_and_dropped_on_request():
     model = random_model(ODD, seed=9)
-    cache = model.new_cache(1, 8)
-    model(torch.tensor([[1, 2]]), cache=cache)
     assert native_step.packed_bytes(model) == 0
-    model(torch.tensor([[3]]), cache=cache)
+    CpuModel(model)                                                    # packs when built
     d, qkv_out = ODD.d_model, (ODD.n_heads + 2 * ODD.n_kv_heads) * ODD.head_dim
     per_layer = [-(-qkv_out // 32) * 32 * d,                           # QKV in strips of 32 columns
                  -(-(ODD.n_heads * ODD.head_dim) // 8) * 8 * -(-d // 16) * 16,   # O in panels
@@ -267,7 +265,7 @@ def _scale_in_place(model):
 
 def _assign_data(model):
     up = model.blocks[0].mlp.gate_up_proj
-    up.weight.data = (up.weight.detach() * -2).t().contiguous().t()   # a new input-major buffer
+    up.weight.data = up.weight.detach() * -2                          # a new buffer
 
 
 def _load_state(model):
@@ -288,18 +286,19 @@ def test_a_weight_changed_after_packing_is_read_as_changed(native_calls, change)
 
 
 def _step_after(change, seed: int):
-    """(model, its logits, float64's) for a decode step after `change(model)`, made once a native
-    step has packed the weights; the prefix is prefilled again after the change."""
+    """(model, its CpuModel's logits, float64's) for a decode step after `change(model)`, made
+    once a native step has packed the weights; the prefix is prefilled again after the change."""
     model = random_model(ODD, seed=seed)
+    fast = CpuModel(model)                                # packs the weights
     cache = model.new_cache(1, 8)
-    model(torch.tensor([[1, 2]]), cache=cache)
-    model(torch.tensor([[3]]), cache=cache)               # packs the weights
+    fast(torch.tensor([[1, 2]]), cache=cache)
+    fast(torch.tensor([[3]]), cache=cache)
     change(model)
     model64 = copy.deepcopy(model).double()
     cache, cache64 = model.new_cache(1, 8), model64.new_cache(1, 8)
-    model(torch.tensor([[1, 2]]), cache=cache), model64(torch.tensor([[1, 2]]), cache=cache64)
+    fast(torch.tensor([[1, 2]]), cache=cache), model64(torch.tensor([[1, 2]]), cache=cache64)
     token = torch.tensor([[4]])
-    return model, model(token, cache=cache), model64(token, cache=cache64)
+    return model, fast(token, cache=cache), model64(token, cache=cache64)
 
 
 class _Doubled(nn.Module):
@@ -311,21 +310,23 @@ def _parametrize(model):
     nn.utils.parametrize.register_parametrization(model.blocks[0].mlp.down_proj, "weight", _Doubled())
 
 
-def _replace_module(model):
-    old = model.blocks[1].attn.o_proj
-    model.blocks[1].attn.o_proj = nn.Linear(old.weight.shape[1], old.weight.shape[0], bias=False)
-
-
-def _row_major(model):
-    down = model.blocks[0].mlp.down_proj
-    down.weight = nn.Parameter(down.weight.detach().contiguous())    # not the layout the C code reads
-
-
-@pytest.mark.parametrize("change", [_parametrize, _replace_module, _row_major])
-def test_a_weight_the_c_code_cannot_read_is_served_by_the_operators(change):
-    """After a native step, a parametrization (the weight computed at each access), a module of
-    another kind or a weight stored row-major: the same call runs the operators, no traceback,
-    and equals float64."""
-    model, got, want = _step_after(change, seed=11)
+def test_a_weight_the_c_code_cannot_read_is_served_by_the_operators():
+    """After a native step, a parametrization (the weight computed at each access): the same
+    call runs the operators, no traceback, and equals float64."""
+    model, got, want = _step_after(_parametrize, seed=11)
     assert relative_error(got, want) < 1e-5
     assert native_step.packed_bytes(model) == 0, "the packed copy of the old weights was kept"
+
+
+def test_a_replaced_module_gets_a_new_cpu_model():
+    """A CpuModel serves the modules it was built on; `backend_for` builds another once one of
+    them was replaced (a module of another kind: the plain model)."""
+    model = random_model(ODD, seed=12)
+    fast = backend_for(model)
+    model.blocks[1].mlp.down_proj = nn.Linear(ODD.d_ff, ODD.d_model, bias=False)
+    again = backend_for(model)
+    assert isinstance(again, CpuModel) and again is not fast
+    model.blocks[1].mlp = nn.Identity()
+    with pytest.raises(ValueError, match="not all of the kinds"):
+        CpuModel(model)
+    assert backend_for(model) is model

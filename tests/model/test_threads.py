@@ -110,3 +110,25 @@ def test_cpu_quota_reads_cgroup_v2(tmp_path, text, expected):
     path.write_text(text)
     assert cpu_quota(str(path)) == expected
     assert cpu_quota(str(tmp_path / "missing")) is None
+
+
+def test_the_first_adapt_configures_unless_a_count_was_fixed(monkeypatch):
+    """Through the Python API (`generate`, `LLM`) nothing calls `configure`: the first `adapt`
+    does, from the cores free then, and follows the load from there; a count someone set before
+    (torch's no longer the one it started with) is left alone."""
+    before = torch.get_num_threads()
+    monkeypatch.setattr(threads, "choose_threads", lambda window_s=0.25: 1)
+    try:
+        monkeypatch.setattr(threads._governor, "automatic", True)
+        monkeypatch.setattr(threads, "_STARTUP_THREADS", torch.get_num_threads())
+        from reference.decoding import generate
+        from reference.model import build_tiny
+        generate(build_tiny(0), [1, 2, 3], 2)
+        assert torch.get_num_threads() == 1 and threads._governor.chosen == 1
+        assert not threads._governor.automatic
+        monkeypatch.setattr(threads._governor, "automatic", True)
+        torch.set_num_threads(3)                       # fixed by the user before the first call
+        assert threads.adapt() is None and torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(before)
+        threads._governor.reset(None)

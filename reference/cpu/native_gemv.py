@@ -1,15 +1,8 @@
-"""A one-row product (GEMV) in C that streams a weight matrix at close to the speed of a plain read.
-
-Why hand-written code: a batch-1 decode step is ~121 one-row products whose cost is reading the
-weights, and none of torch's ways to run them reads memory at the speed torch's own `sum` does.
-Measured on a 2-core AMD EPYC over SmolLM2-135M's 121 matrices (538 MB) at 2 threads, interleaved
-in one process (2026-11-27, three runs, a shared host whose `sum` over the same 121 buffers ran at
-26-38 GB/s): this GEMV at 79-90% of `sum`'s speed, the weight split over the threads
-(`cpu_linear.split_gemv`) at 66-72%, oneDNN's packed weight 52-63%, BLAS's GEMV 40-51%; at 1
-thread 74-78% against BLAS's 59-63%. A decode step took 0.80-0.84x the split's time at 2 threads,
-0.82-0.87x BLAS's at 1. The loop is short: each thread reads one contiguous block of the weight's
-rows and adds 8 or 16 rows' products at a time into its own partial vector, and the partials are
-summed (reference/native_gemv.c).
+"""The course's native CPU code, compiled into one library: the batch-1 decode step
+(native_step.c) and the products it runs on its packed weights (native_gemv.c), the engine's
+decode attention read in the paged pool (native_attention.c) and its steps' element-wise work
+(native_batch.c). Hand-written because a decode step's cost is reading the weights, and torch's
+operators, one dispatch, allocation and fork/join of the threads each, do not get there.
 
 Built at first use with the C compiler found as $REFERENCE_CC, $CC or `cc` (`-O3 -march=native`,
 ~0.3 s), into a cache directory ($REFERENCE_CACHE_DIR, else $XDG_CACHE_HOME or ~/.cache, under
@@ -19,17 +12,10 @@ the OpenMP runtime file this process has already loaded (torch's own libgomp), s
 torch's pool: linked with a plain `-fopenmp` it would load the system's libgomp beside torch's
 wherever torch's copy has another name: a second pool of spinning threads on the same cores
 (measured within noise of the shared pool with nothing else running; it can only cost under
-load). It is called through ctypes (which releases the GIL) with the tensors' data pointers:
-~4 us a call at 1 thread, ~6 at 2, where `F.linear` costs ~2.6 (two Python threads, one C call
-each, were 1.8x slower than OpenMP).
-
-The same library holds the batch-1 decode step (reference/native_step.c, one call per step,
-reading its own packed copy of the weights with `gemv_panels` and `gemv_strips`, below this GEMV)
-and the engine's native pieces: its decode attention read in the paged pool
-(native_attention.c) and its steps' element-wise work (native_batch.c). Where there is no
-compiler, the build fails, or REFERENCE_NATIVE_GEMV=0, `available()` is False: `reference.cpu_linear`
-races only torch's paths and the model and the engine run their steps with torch's operators,
-which give the same numbers up to float rounding.
+load). It is called through ctypes (which releases the GIL) with the tensors' data pointers.
+Where there is no compiler, the build fails, or REFERENCE_NATIVE_GEMV=0, `available()` is False:
+`reference.cpu.CpuModel` then runs its steps with torch's operators, which give the same numbers up
+to float rounding.
 """
 from __future__ import annotations
 
@@ -44,11 +30,9 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-import torch
-from torch import Tensor
 
-# This GEMV, the decode step built on it (native_step.c), the engine's paged decode attention
-# (native_attention.c) and its steps' element-wise work (native_batch.c), compiled into one library.
+# The decode step (native_step.c) and its products (native_gemv.c), the engine's paged decode
+# attention (native_attention.c) and its steps' element-wise work (native_batch.c): one library.
 SOURCES = [Path(__file__).with_name(name)
            for name in ("native_gemv.c", "native_step.c", "native_attention.c", "native_batch.c")]
 HEADERS = [Path(__file__).with_name("native_math.h")]   # included by the sources: part of the build key
@@ -65,36 +49,8 @@ def describe() -> str:
 
 
 def available() -> bool:
-    """Whether the native GEMV is built and loaded in this process (built on first call)."""
+    """Whether the native library is built and loaded in this process (built on first call)."""
     return _library() is not None
-
-
-def input_major(weight: Tensor) -> bool:
-    """Whether weight [out, in] is a transposed view of a contiguous [in, out] buffer (the model's layout)."""
-    return weight.stride() == (1, weight.shape[0])
-
-
-def gemv(x: Tensor, weight: Tensor) -> Tensor:
-    """x [..., in] holding one row (x.numel() == in) @ weight [out, in]^T -> [..., out], float32 CPU.
-
-    weight must be stored input-major (`input_major`), as the model stores its weights. Runs on
-    torch's current thread count T; with T > 1 each thread sums its block of rows into its own
-    partial vector (the first into the result, the others into [T - 1, out] floats of scratch)."""
-    n_out, n_in = weight.shape
-    if not (x.dtype == weight.dtype == torch.float32 and x.numel() == n_in and x.is_cpu
-            and weight.is_cpu and input_major(weight)):
-        raise ValueError("gemv takes one float32 CPU row and an input-major float32 CPU weight, got "
-                         f"x {tuple(x.shape)} {x.dtype}, weight {tuple(weight.shape)} {weight.dtype} "
-                         f"strides {weight.stride()}")
-    lib = _library()
-    if lib is None:
-        raise RuntimeError(f"the native GEMV is unavailable: {_why_not}")
-    threads = torch.get_num_threads()
-    x = x.contiguous()
-    y = torch.empty(*x.shape[:-1], n_out)
-    scratch = torch.empty(threads - 1, n_out) if threads > 1 else y
-    lib.gemv_input_major(x.data_ptr(), weight.data_ptr(), y.data_ptr(), scratch.data_ptr(), n_in, n_out, threads)
-    return y
 
 
 @functools.cache
@@ -109,8 +65,6 @@ def _library() -> ctypes.CDLL | None:
         _why_not = f"{type(error).__name__}: {str(error).strip()[:300]}"
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_long
-    lib.gemv_input_major.argtypes = [pointer, pointer, pointer, pointer, size, size, ctypes.c_int]
-    lib.gemv_input_major.restype = None
     lib.step_work_floats.argtypes = [pointer, ctypes.c_int]
     lib.step_work_floats.restype = size
     lib.decode_step.argtypes = [pointer, size, size, pointer, pointer, pointer, pointer, pointer,

@@ -1,4 +1,4 @@
-"""An engine step on a CPU with its element-wise work in C (reference/native_batch.c).
+"""An engine step on a CPU with its element-wise work in C (reference/cpu/native_batch.c).
 
 Why: an engine step multiplies all its rows (prompt chunks and decode tokens, flattened) by every
 weight matrix, and between the products `Llama.forward` runs some twenty small torch operators a
@@ -9,22 +9,22 @@ reference.bench batch`). Here each group becomes one call
 that passes over the rows once: x += residual and RMSNorm together, RoPE with the K/V store into
 the pool, SiLU(gate) * up. The products stay torch's (`cpu_linear.linear`, oneDNN's packed
 weights) and attention stays `reference.attention.paged_attention` (its decode rows in C,
-`reference.native_attention`; prompt chunks through SDPA).
+`reference.cpu.native_attention`; prompt chunks through SDPA).
 
-`Llama.forward` takes this path by itself when `serves` says so: a `PagedContext` step with the
-"torch" backend, float32 weights on the CPU, every layer, no hook on a module inside the model,
-the switch on (REFERENCE_NATIVE_BATCH=0 or `set_enabled` turn it off) and the native library
-built (reference/native_gemv.py). Otherwise the model's own operators run: the same arithmetic up
-to float rounding (tests/model/test_native_batch.py holds both to a float64 run).
+`reference.cpu.CpuModel` takes this path when `serves` says so: a `PagedContext` step with the
+"torch" backend, float32 weights on the CPU, every layer, the switch on (REFERENCE_NATIVE_BATCH=0
+or `set_enabled` turn it off) and the native library built (reference/cpu/native_gemv.py).
+Otherwise its operators run: the same arithmetic up to float rounding
+(tests/model/test_native_batch.py holds both to a float64 run).
 """
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
-from reference import native_gemv, native_step
+from reference.cpu import native_attention, native_gemv
 from reference.attention import PagedPlan, paged_attention
-from reference.cpu_linear import linear
+from reference.cpu.cpu_linear import linear
 from reference.switch import Switch
 
 _switch = Switch("REFERENCE_NATIVE_BATCH")
@@ -32,15 +32,15 @@ enabled, set_enabled = _switch.enabled, _switch.set_enabled
 
 
 def serves(model, context, num_layers) -> bool:
-    """Whether `model.forward` with this context runs as `paged_step` (cheapest checks first)."""
+    """Whether a forward of `model` with this context runs as `paged_step` (cheapest checks first)."""
     weight = model.embed.weight
     return (_switch.on and context is not None and num_layers is None and context.backend == "torch"
             and weight.dtype == torch.float32 and weight.is_cpu and context.k_pool.dtype == torch.float32
-            and native_gemv.available() and not native_step.hooked(model))
+            and native_gemv.available())
 
 
 def paged_step(model, input_ids: Tensor, context, logits_rows: Tensor | None) -> Tensor:
-    """`Llama.forward(input_ids [1, N], context=context, logits_rows=...)` -> logits [1, R, vocab]
+    """`model(input_ids [1, N], context=context, logits_rows=...)` -> logits [1, R, vocab]
     (R = N, or len(logits_rows)); the step's keys and values are stored in the context's pool."""
     cfg, lib = model.config, native_gemv._library()
     threads = torch.get_num_threads()
@@ -59,7 +59,7 @@ def paged_step(model, input_ids: Tensor, context, logits_rows: Tensor | None) ->
                              k_cache.data_ptr(), v_cache.data_ptr(), n, shape.data_ptr(), threads)
         q = qkv.view(n, -1, cfg.head_dim)[:, :cfg.n_heads]
         if context.plan is None:
-            context.plan = PagedPlan(context.block_tables, context.context_lens, context.query_lens, q, k_cache)
+            context.plan = decode_plan(context, q, k_cache)
         attended = paged_attention(q, k_cache, v_cache, context.block_tables, context.context_lens,
                                    context.query_lens, context.plan)
         out = linear(attended.reshape(n, -1), block.attn.o_proj.weight)
@@ -92,3 +92,13 @@ def _checked_rows(model, context, n: int) -> tuple[Tensor, Tensor]:
     if n and not (-1 <= int(slots.min()) and int(slots.max()) < pool_slots):
         raise ValueError(f"slots must be -1 or in [0, {pool_slots}), got {int(slots.min())} to {int(slots.max())}")
     return positions, slots
+
+
+def decode_plan(context, q: Tensor, k_cache: Tensor) -> PagedPlan:
+    """The step's `PagedPlan`, its decode rows read in place by `native_attention.paged_decode`
+    where that runs (float32 CPU tensors, the switch on), else gathered for SDPA."""
+    kernel = native_attention.paged_decode if native_attention.runs(q, k_cache) else None
+    plan = PagedPlan(context.block_tables, context.context_lens, context.query_lens, q, k_cache, kernel)
+    if plan.decode_kernel is not None:
+        native_attention.check_tables(plan.decode_tables, plan.decode_lens, k_cache.shape[1], k_cache.shape[0])
+    return plan

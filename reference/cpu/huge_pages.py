@@ -1,17 +1,16 @@
-"""A CPU model's weights in memory backed by 2 MiB pages (Linux transparent huge pages).
+"""The weights a CPU decode step streams, in memory backed by 2 MiB pages (Linux transparent huge
+pages).
 
 Decode at batch 1 reads every weight once a step, so it runs at the speed the memory system
 streams them. With 4 KiB pages those 500 MB span 120,000 pages, and the processor's address
-translation (TLB) misses on each one it enters; with 2 MiB pages, 250. Measured on this course's
-2-core AMD EPYC, interleaved in one process: the model's products 10% faster from huge pages
-alone (a C loop over SmolLM2's 121 matrices), decode steps 3-8% faster; a plain copy of 128 MiB
-7-25% faster (so `bench decode` measures its copy reference in memory of the same kind).
+translation (TLB) misses on each one it enters; with 2 MiB pages, 250. `reference.cpu.native_step`
+packs its copy of the weights into `pieces` of one such buffer, and `bench decode` measures its
+copy reference in memory of the same kind.
 
 Linux gives huge pages to an anonymous private mapping that asks for them (`madvise`), when
 `/sys/kernel/mm/transparent_hugepage/enabled` says "always" or "madvise" (the usual default);
 elsewhere, or where it cannot find 2 MiB of contiguous memory, the same mapping is backed by
-ordinary pages: nothing changes but the speed. `REFERENCE_HUGE_PAGES=0` leaves weights where
-torch put them.
+ordinary pages: nothing changes but the speed. `REFERENCE_HUGE_PAGES=0` asks for ordinary memory.
 """
 from __future__ import annotations
 
@@ -50,25 +49,6 @@ def huge_buffer(n_bytes: int) -> torch.Tensor:
     whole = torch.frombuffer(mapping, dtype=torch.uint8)
     start = -whole.data_ptr() % HUGE_PAGE
     return whole[start:start + n_bytes]
-
-
-def back_with_huge_pages(model: torch.nn.Module) -> int:
-    """Copy every CPU parameter of at least 2 MiB into one huge-page buffer, keeping its shape,
-    strides (the input-major layout) and values; returns the bytes moved (0 when switched off or
-    unsupported). Parameters stay parameters: `model.parameters()`, `.to(...)` and state dicts
-    see no difference."""
-    if not (enabled() and supported()):
-        return 0
-    moved = [p for p in model.parameters() if p.device.type == "cpu" and p.storage_offset() == 0
-             and p.untyped_storage().nbytes() >= HUGE_PAGE]
-    if not moved:
-        return 0
-    buffer, places = pieces([p.untyped_storage().nbytes() for p in moved])
-    for p, place in zip(moved, places):
-        place = place.view(p.dtype).as_strided(p.shape, p.stride())
-        place.copy_(p.detach())
-        p.data = place
-    return buffer.numel()
 
 
 def pieces(n_bytes: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:

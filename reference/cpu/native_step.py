@@ -4,31 +4,31 @@ Why: a decode step of one sequence must read every weight once (SmolLM2-135M: 53
 and on a CPU that read is all it needs to cost. Through torch's operators the step also runs
 hundreds of small operators between the products (norms, RoPE, cache writes, attention, SiLU,
 residual adds: each a dispatch, an allocation and a pass over a few KB), and each of its 121
-products pays a call and a fork/join of the threads. `reference/native_step.c` does the same
+products pays a call and a fork/join of the threads. `reference/cpu/native_step.c` does the same
 arithmetic in one OpenMP region per step: the threads run the whole step, meeting at a barrier
 only where one thread's output feeds another's. `python -m reference.bench decode` measures a
 step against its floor (`stream_weights`: the same bytes read alone) and against the operators.
 
 The step reads its own copy of the weight matrices, packed at the model's first native step
 (`_pack`) in the order the C code reads them, so that each thread streams one contiguous run of
-memory per matrix (reference/native_gemv.c). The products whose outputs a thread computes whole
+memory per matrix (reference/cpu/native_gemv.c). The products whose outputs a thread computes whole
 (QKV, gate/up, the LM head) are packed in strips of 32 columns, [in, 32] each; gate/up's strips
 pair 16 gate columns with the 16 up columns they multiply, so that a thread computes its hidden
 units' silu(gate) * up alone. The products split by input rows (the output and down projections)
 are packed in panels of 8 rows, runs of 8 x 16 blocks: a thread's share is 8 or 16 rows read side
 by side, 16 streams at once. The cost is memory, the size of the weights again (`packed_bytes`),
 beside the parameters the rest of the course reads and oneDNN's packed copy for the products of
-several rows (reference/cpu_linear.py); it lives as long as the model, `forget` drops it, and
+several rows (reference/cpu/cpu_linear.py); it lives as long as the model, `forget` drops it, and
 REFERENCE_NATIVE_STEP=0 never makes it. A weight replaced or changed in place after packing is
 packed again at the next step (`_table`); a module replaced, a parametrized weight or one stored
 otherwise than the C code reads sends the step to the operators.
 
-`Llama.forward` takes this path by itself when it is serving what it serves, and `serves` says
-when: one new token for one sequence over a `KVCache`, float32 on the CPU, the default "sdpa"
-attention, no custom mask, positions, layer limit or logit rows, and the library built (see
-native_gemv: a C compiler, not switched off by REFERENCE_NATIVE_GEMV=0). Otherwise, and always
-where REFERENCE_NATIVE_STEP=0, the torch operators run: the same arithmetic, so the same logits up
-to float rounding (tests/model/test_native_step.py holds both to a float64 run of the model).
+`reference.cpu.CpuModel` takes this path for the steps it serves, and `serves` says which: one
+new token for one sequence over a `KVCache`, float32 on the CPU, the default "sdpa" attention, no
+custom mask, positions, layer limit or logit rows, and the library built (see native_gemv: a C
+compiler, not switched off by REFERENCE_NATIVE_GEMV=0). Otherwise, and always where
+REFERENCE_NATIVE_STEP=0, its operators run: the same arithmetic, so the same logits up to float
+rounding (tests/model/test_native_step.py holds both to a float64 run of the model).
 """
 from __future__ import annotations
 
@@ -40,10 +40,8 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torch.nn.modules import module as module_hooks
-from torch.utils.hooks import RemovableHandle
 
-from reference import huge_pages, native_gemv
+from reference.cpu import huge_pages, native_gemv
 from reference.kv_cache import KVCache
 from reference.switch import Switch
 
@@ -55,35 +53,19 @@ _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 PANEL_ROWS, PANEL_COLS, STRIP_COLS = 8, 16, 32   # the packed layouts' blocks (native_gemv.c)
 _DATA_PTR, _VERSION = Tensor.data_ptr, operator.attrgetter("_version")
 _scratch = threading.local()
-# model -> [the forward hook and pre-hook dicts of every module inside it (its structure is fixed
-# once built), the count of hook handles when a look last found none of them holding a hook].
-_hook_tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _APPEND = KVCache.append
-# How many modules have been registered in this process (a module set as an attribute of another,
-# `add_module`, `ModuleList.__setitem__`, a parametrization's): counted by torch's global hook, so
-# that a step sees in one comparison that no module the packed weights came from can have been
-# replaced since the last look.
-_registrations = [0]
-
-
-def _count_registration(module, name, submodule) -> None:
-    _registrations[0] += 1
-
-
-module_hooks.register_module_module_registration_hook(_count_registration)
 
 
 def serves(model, input_ids: Tensor, positions, cache, context, num_layers, logits_rows, mask) -> bool:
-    """Whether `model.forward` with these arguments is a step `decode_step` runs (cheapest checks
-    first). Not where someone watches the operators it would skip: a cache whose `append` was
-    replaced (chapter 02 records what attention sees that way), or a hook on any module inside
-    the model (on the model itself a hook still runs: its forward is still called)."""
+    """Whether a forward of `model` with these arguments is a step `decode_step` runs (cheapest
+    checks first). Not where someone watches the cache's writes: a cache whose `append` was
+    replaced (chapter 02 records what attention sees that way) gets the operators."""
     return (_switch.on and context is None and positions is None and num_layers is None
             and logits_rows is None and mask is None and type(cache) is KVCache
             and input_ids.shape == (1, 1) and input_ids.dtype == torch.int64
             and cache.k.dtype == torch.float32 and cache.k.is_cpu and runs(model)
             and cache.k.shape == _cache_shape(model.config, cache.max_len) and cache.aligned()
-            and KVCache.append is _APPEND and "append" not in vars(cache) and not hooked(model))
+            and KVCache.append is _APPEND and "append" not in vars(cache))
 
 
 def _cache_shape(cfg, max_len: int) -> tuple[int, ...]:
@@ -157,27 +139,6 @@ def _step_sizes(packed: _Packed, cfg, max_len: int, threads: int) -> tuple[ctype
     return sizes
 
 
-def hooked(model) -> bool:
-    """Whether any module inside the model has a forward hook or pre-hook, or a global one is set.
-
-    Every `register_*hook` makes a `RemovableHandle`, whose class counts them (`next_id`): while
-    the count is what it was when a look found no hook, none has been registered since (removing
-    one adds none), and the hundreds of hook dicts are not read again (read just after a step has
-    streamed the weights through the caches, they cost ~50 us of a ~12 ms step)."""
-    seen = _hook_tables.get(model)
-    if seen is None:  # each module keeps its hook dicts for life (registering adds to them)
-        inner = list(model.modules())[1:]
-        seen = _hook_tables[model] = [[m._forward_hooks for m in inner]
-                                      + [m._forward_pre_hooks for m in inner], None]
-    registered = getattr(RemovableHandle, "next_id", None)
-    if registered is not None and seen[1] == registered:
-        return False
-    found = bool(any(seen[0]) or module_hooks._global_forward_hooks
-                 or module_hooks._global_forward_pre_hooks)
-    seen[1] = None if found else registered
-    return found
-
-
 def _work(floats: int) -> Tensor:
     """This thread's scratch buffer for the C step, at least `floats` long: kept between steps
     (a fresh one would be fresh pages from the kernel, zeroed at every step)."""
@@ -198,8 +159,6 @@ def _weight_modules(model) -> list:
 class _Packed(NamedTuple):
     """What the C step reads of one model: its weight matrices packed (native_gemv.c's strips and
     panels, in one buffer), the table of pointers per layer, and what it was built from."""
-    modules: list          # the modules whose weights it read, in `_weight_modules` order, and
-    seen: list[int]        # [the count of module registrations when they were last found in place]
     dicts: list            # where the tensors it read are held: modules' `_parameters`, the
     names: list[str]       # model's `_buffers` (the RoPE table), under these names,
     tensors: list          # the tensors: every weight in `_weight_modules` order, then the RoPE table
@@ -207,7 +166,7 @@ class _Packed(NamedTuple):
     versions: list[int]
     buffer: Tensor         # the packed matrices, 64-byte aligned, on huge pages where possible
     layers: ctypes.Array   # per layer: norm, QKV, O, norm, gate/up, down (norms: the model's own)
-    embed: int             # the embedding, input-major (the token's vector is a column)
+    embed: int             # the embedding [vocab, d_model] (the token's vector is a row)
     head: int              # the same matrix in strips: the tied LM head
     final_norm: int
     rope: int              # the RoPE table [positions, ...]: its address, rows and row size
@@ -224,23 +183,13 @@ def packed_bytes(model) -> int:
 
 def _table(model) -> _Packed | None:
     """The model's `_Packed` (None where its modules do not hold the weights the C code reads),
-    checked at every step (~0.15 ms just after a step, whose stream of weights has pushed the
-    objects read out of the caches): each module is still in its place (looked up again only
-    after a module was registered somewhere), each tensor read is still the one its module holds,
-    at the same address, unchanged since packing by any in-place operation on it (its version
-    counter). A weight replaced (a new Parameter, `.to`, `.data =`) or written in
-    place (`mul_`, `copy_`) packs again, where its shape and layout are what the C code reads
-    (`_readable`); a write through `.data` bypasses the counter: call `forget(model)` after one."""
+    checked at every step: each tensor read is still the one its module holds, at the same
+    address, unchanged since packing by any in-place operation on it (its version counter). A
+    weight replaced (a new Parameter, `.to`, `.data =`) or written in place (`mul_`, `copy_`)
+    packs again, where its shape and layout are what the C code reads (`_readable`); a write
+    through `.data` bypasses the counter: call `forget(model)` after one. A module replaced by
+    another is not looked for here: `reference.cpu.CpuModel` serves the modules it was built on."""
     packed = _tables.get(model)
-    if packed is not None and packed.seen[0] != _registrations[0]:   # a module registered somewhere:
-        try:                                                       # is it one of ours, replaced?
-            in_place = all(map(operator.is_, _weight_modules(model), packed.modules))
-        except AttributeError:
-            in_place = False
-        if in_place:
-            packed.seen[0] = _registrations[0]
-        else:
-            packed = None
     if packed is not None:
         now = list(map(dict.get, packed.dicts, packed.names))
         if (all(map(operator.is_, now, packed.tensors)) and list(map(_DATA_PTR, now)) == packed.pointers
@@ -278,7 +227,7 @@ def _pack(model, modules: list, weights: list[Tensor]) -> _Packed:
     layers = [w if i % 6 in (0, 3) else next(packed_of) for i, w in enumerate(weights[:-2])]
     rope = model._buffers["rope_turns"]
     tensors = weights + [rope]
-    return _Packed(modules, [_registrations[0]], [module._parameters for module in modules] + [model._buffers],
+    return _Packed([module._parameters for module in modules] + [model._buffers],
                    ["weight"] * len(modules) + ["rope_turns"], tensors,
                    [t.data_ptr() for t in tensors], [t._version for t in tensors], buffer,
                    (ctypes.c_void_p * len(layers))(*(w.data_ptr() for w in layers)),
@@ -302,10 +251,10 @@ def _packed_shape(weight: Tensor, layout: str) -> torch.Size:
 
 
 def _pack_panels(dest: Tensor, weight: Tensor) -> Tensor:
-    """dest [panels, chunks, 8, 16] = weight [out, in] stored input-major, in panels (zeros past
+    """dest [panels, chunks, 8, 16] = weight [out, in] (any layout), in panels (zeros past
     its edges): dest[p, c, r, k] = weight[16 c + k, 8 p + r]."""
     panels, chunks = dest.shape[:2]
-    rows = weight.detach().t()                                        # [in, out], contiguous
+    rows = weight.detach().t()                                        # [in, out]
     if rows.shape != (panels * PANEL_ROWS, chunks * PANEL_COLS):      # widen with zeros
         whole = rows.new_zeros(panels * PANEL_ROWS, chunks * PANEL_COLS)
         whole[:rows.shape[0], :rows.shape[1]] = rows
@@ -330,7 +279,7 @@ def _strip_columns(n_strips: int, n_out: int, paired: bool) -> Tensor:
 def _pack_strips(dest: Tensor, weight: Tensor, paired: bool = False) -> Tensor:
     """dest [strips, in, 32]: strip g, row i, lane k = weight[column, i] for the column
     `_strip_columns` gives that lane, zero for none."""
-    rows = weight.detach().t()                                        # [in, out], contiguous
+    rows = weight.detach().t()                                        # [in, out]
     columns = _strip_columns(dest.shape[0], weight.shape[0], paired)
     dest.zero_()
     for first in range(0, dest.shape[0], 256):                        # bounded temporaries
@@ -346,19 +295,21 @@ _PACKERS = {"panels": _pack_panels, "strips": _pack_strips,
 
 def _own_kinds(model, modules: list) -> bool:
     """Whether every block, its attention and MLP, and the `_weight_modules` are of the classes
-    `Llama` builds (`Llama.block_classes`): the C step does their arithmetic, not a replacement's
-    (a bias, another activation)."""
-    Block, Attention, MLP, RMSNorm, PackedLinear = type(model).block_classes
-    kinds = [RMSNorm, PackedLinear, PackedLinear, RMSNorm, PackedLinear, PackedLinear] * len(model.blocks)
+    `reference.model` builds, the linear layers without bias: the C step does their arithmetic,
+    not a replacement's (a bias, another activation)."""
+    from reference.model import MLP, Attention, Block, RMSNorm
+    kinds = [RMSNorm, nn.Linear, nn.Linear, RMSNorm, nn.Linear, nn.Linear] * len(model.blocks)
     return (all(type(block) is Block and type(block.attn) is Attention and type(block.mlp) is MLP
                 for block in model.blocks)
-            and list(map(type, modules)) == kinds + [nn.Embedding, RMSNorm])
+            and list(map(type, modules)) == kinds + [nn.Embedding, RMSNorm]
+            and all(getattr(module, "bias", None) is None for module in modules))
 
 
 def _readable(model, weights: list[Tensor]) -> bool:
     """Whether the weights (`_weight_modules` order) and the RoPE table have the shapes the model's
-    config gives and the layouts the C code reads (products input-major, norms and the table
-    contiguous, all float32): a weight replaced by one stored otherwise is left to the operators."""
+    config gives and what the C code reads (the embedding, the norms and the table contiguous,
+    all float32; the products are packed from any layout): a weight replaced by one the C code
+    cannot read is left to the operators."""
     cfg = model.config
     d, qkv_out, attn_out = cfg.d_model, (cfg.n_heads + 2 * cfg.n_kv_heads) * cfg.head_dim, cfg.n_heads * cfg.head_dim
     layer_shapes = [(d,), (qkv_out, d), (d, attn_out), (d,), (2 * cfg.d_ff, d), (d, cfg.d_ff)]
@@ -368,7 +319,7 @@ def _readable(model, weights: list[Tensor]) -> bool:
     products = [w for i, w in enumerate(blocks) if i % 6 not in (0, 3)] + [embed]
     norms = [w for i, w in enumerate(blocks) if i % 6 in (0, 3)] + [final_norm]
     rope = model._buffers["rope_turns"]
-    return (all(native_gemv.input_major(w) and w.dtype == torch.float32 and w.is_cpu for w in products)
+    return (all(w.dtype == torch.float32 and w.is_cpu for w in products) and embed.is_contiguous()
             and all(w.is_contiguous() and w.dtype == torch.float32 and w.is_cpu for w in norms)
             and rope.is_contiguous() and rope.dtype == torch.float32 and rope.is_cpu
             and rope.shape[1:] == (1, cfg.head_dim // 2, 2))

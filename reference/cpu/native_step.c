@@ -262,8 +262,8 @@ long step_work_floats(const long *shape, int threads)
 /* logits[:vocab] for the token *token_id at position `pos` (returns 0; -1, with nothing read or
  * written, for a token outside [0, vocab)), writing its keys and values at `pos` of every
  * layer of k_cache, v_cache [n_layers, n_kv_heads, max_len, hd] (positions < pos already hold
- * the prefix). shape: the N_SHAPE sizes above. embed: [d_model, vocab], the embedding stored
- * input-major (its column `token` is the token's vector); head: the same matrix in strips (the
+ * the prefix). shape: the N_SHAPE sizes above. embed: [vocab, d_model], the embedding (its
+ * row `token` is the token's vector); head: the same matrix in strips (the
  * tied LM head). layers: PER_LAYER pointers per layer: the norms' weights [d], QKV [d, (n_heads +
  * 2 n_kv) hd] and gate/up [d, 2 d_ff] in strips, O [n_heads hd, d] and down [d_ff, d] in panels
  * (native_gemv.c). turns: [hd / 2][2] (cos, sin) for `pos`. work: `step_work_floats(shape,
@@ -291,7 +291,7 @@ long decode_step(const long *shape, const long *token_id, long pos, const float 
         ThreadShare my = thread_share(shape, pos, t, n);
         long c0 = my.qkv0 * STRIP_COLS, c1 = my.qkv1 * STRIP_COLS < qkv_out ? my.qkv1 * STRIP_COLS : qkv_out;
         for (long j = 0; j < d; j++)
-            x[j] = embed[j * vocab + token];
+            x[j] = embed[token * d + j];
         for (long layer = 0; layer < shape[N_LAYERS]; layer++) {
             const float *const *w = layers + layer * PER_LAYER;
             float *k = k_cache + layer * layer_size, *v = v_cache + layer * layer_size;

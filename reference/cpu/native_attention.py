@@ -1,4 +1,4 @@
-"""The engine's decode attention on a CPU, reading the paged pool in place (reference/native_attention.c).
+"""The engine's decode attention on a CPU, reading the paged pool in place (reference/cpu/native_attention.c).
 
 Why: a batched decode step of the engine attends each sequence's one new query over all its cached
 keys. The torch path (`reference.attention.decode_rows_attention`) gathers those keys and values out
@@ -10,7 +10,7 @@ online softmax per query head: a step's attention costs one read of its K/V byte
 
 `reference.attention` takes this path by itself for the decode rows of a "torch" paged step when
 `runs` says so: float32 CPU tensors, the switch on (REFERENCE_NATIVE_ATTENTION=0 or `set_enabled`
-turn it off) and the native library built (reference/native_gemv.py: a C compiler, not switched
+turn it off) and the native library built (reference/cpu/native_gemv.py: a C compiler, not switched
 off by REFERENCE_NATIVE_GEMV=0). Otherwise the gather and SDPA run: the same arithmetic up to float
 rounding (tests/model/test_native_attention.py holds both to a float64 computation).
 """
@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from reference import native_gemv
+from reference.cpu import native_gemv
 from reference.switch import Switch
 
 _switch = Switch("REFERENCE_NATIVE_ATTENTION")

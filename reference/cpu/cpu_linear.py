@@ -1,5 +1,4 @@
-"""How a linear layer runs at the weight-streaming floor on a CPU: weights packed once for oneDNN,
-a single row split over the threads.
+"""How a linear layer runs at the weight-streaming floor on a CPU: weights packed once for oneDNN.
 
 A decode step, a prompt chunk or a pass that verifies k drafts multiplies a few rows of
 activations (M = 1 to ~16) by every weight matrix of the model. In float32 such a product does
@@ -8,21 +7,16 @@ so it should cost one read of the weights whatever M is. `F.linear` does not get
 call with M > 1 the BLAS GEMM re-packs the whole weight matrix into its blocked layout before
 multiplying, so a 5-row product reads and writes the weights several times.
 
-A single row (a batch-1 decode step) is different: BLAS runs it as a matrix-vector product that
-streams the weight as stored, but may use one thread only. Cut along the input dimension, the
-product becomes `parts` partial products over consecutive row blocks of the input-major [in, out]
-buffer the model stores its weights in (views, no copy), summed: one `torch.bmm`, whose batch
-entries BLAS runs on separate threads (`split_gemv`). Which one-row path streams fastest depends
-on the CPU, the thread count and the load, so it is decided by measurement, once per process and
-thread count (`one_row_path`, about 0.1 s), not by a rule; where a C compiler is present the race
-has a fourth candidate, `native_gemv` (a short loop in C, built at first use). Every path gives
-the same numbers up to float rounding. (Where the native code is built, a model's batch-1 decode
-step does not come here at all: `reference.native_step` runs the whole step, products included,
-in one call.)
+A single row is different: BLAS runs it as a matrix-vector product that streams the weight as
+stored, with nothing to re-pack, and may or may not beat the packed weight depending on the CPU,
+the thread count and the load; so it is decided by measurement, once per process and thread
+count (`one_row_path`, about 0.1 s), not by a rule. Both give the same numbers up to float
+rounding. (Where the native code is built, a batch-1 decode step does not come here at all:
+`reference.cpu.native_step` runs the whole step, products included, in one call.)
 
-`PackedLinear` packs each weight once (the first time it is used, again whenever the weight
-changes) into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which
-then only streams it. The cost is memory: the packed copy sits beside the plain parameter, which
+`linear` packs each weight once (the first time it is used, again whenever the weight changes)
+into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which then only
+streams it. The cost is memory: the packed copy sits beside the plain parameter, which
 the rest of the course still reads (state dicts, the embedding lookup, chapter 03's byte counts),
 so the weights' resident size doubles (`packed_bytes`).
 
@@ -36,15 +30,13 @@ under `MIN_PACKED_BYTES`, which live in the CPU's caches anyway.
 from __future__ import annotations
 
 import functools
-import math
 import time
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 from torch.nn import functional as F
 from torch.utils.weak import WeakTensorKeyDictionary
 
-from reference import native_gemv
 from reference.switch import Switch
 
 _switch = Switch("REFERENCE_PACKED_LINEAR")   # whether `linear` takes the packed path when it can
@@ -56,7 +48,7 @@ enabled, set_enabled = _switch.enabled, _switch.set_enabled
 MIN_PACKED_BYTES = 1 << 20
 
 # The one-row race runs on a matrix this large (well past any CPU's last-level cache, as a model's
-# weights are), shaped like SmolLM2's MLP projections, stored input-major as the model stores its own.
+# weights are), shaped like SmolLM2's MLP projections, stored [out, in] as nn.Linear stores them.
 RACE_SHAPE = (1536 * 8, 576 * 2)  # [out, in], 56.6 MB in float32
 
 
@@ -91,27 +83,7 @@ def packed_weight(weight: Tensor) -> Tensor:
     return packed
 
 
-def split_gemv(x: Tensor, weight: Tensor, parts: int) -> Tensor:
-    """One row x [..., in] (x.numel() == in) @ weight [out, in]^T -> [..., out], as `parts` partial
-    products over consecutive slices of the input dimension, summed.
-
-    weight must be input-major (weight.t() contiguous, the model's layout) and `in` a multiple of
-    parts: each part is then a contiguous block of rows of the [in, out] buffer, a view. The parts
-    go to BLAS as one batched product, which runs them on separate threads; the sum adds `parts`
-    vectors of `out` floats. Same products as one GEMV, summed in another order (float rounding)."""
-    rows = weight.t()                                                    # [in, out], contiguous
-    partial = torch.bmm(x.reshape(parts, 1, -1), rows.view(parts, -1, rows.shape[1]))   # [parts, 1, out]
-    return partial.sum(0).view(*x.shape[:-1], rows.shape[1])
-
-
-def _split_parts(weight: Tensor) -> int:
-    """How many parts `split_gemv` cuts this weight into at torch's current thread count (1: no split)."""
-    if not weight.t().is_contiguous():
-        return 1
-    return math.gcd(weight.shape[1], torch.get_num_threads())
-
-
-# thread count -> the one-row path measured fastest on this machine: "blas", "split", "packed" or "native".
+# thread count -> the one-row path measured fastest on this machine: "blas" or "packed".
 _one_row_path: dict[int, str] = {}
 
 
@@ -131,24 +103,19 @@ def _fastest(candidates: dict, rounds: int = 5, clock=time.perf_counter) -> str:
 
 
 def one_row_path() -> str:
-    """The fastest way to stream a weight through a one-row product at torch's current thread count:
-    "blas" (BLAS's matrix-vector product), "split" (`split_gemv`, one part per thread; raced only
-    with 2+ threads), "packed" (oneDNN's packed weight; raced only where `available`) or "native"
-    (`native_gemv`, raced only where it could be built), raced on an input-major `RACE_SHAPE`
-    weight (`_fastest`, ~0.1 s); the answer is kept for the process."""
+    """The faster way to stream a weight through a one-row product at torch's current thread count:
+    "blas" (BLAS's matrix-vector product on the weight as stored) or "packed" (oneDNN's packed
+    weight; raced only where `available`), raced on a `RACE_SHAPE` weight (`_fastest`, ~0.1 s);
+    the answer is kept for the process."""
     threads = torch.get_num_threads()
     if threads not in _one_row_path:
         with torch.inference_mode(False), torch.no_grad():
-            weight = torch.full(RACE_SHAPE[::-1], 0.5).t()           # [out, in], input-major
+            weight = torch.full(RACE_SHAPE, 0.5)                         # [out, in]
             row = torch.full((1, RACE_SHAPE[1]), 0.5)
             candidates = {"blas": lambda: F.linear(row, weight)}
-            if (parts := _split_parts(weight)) > 1:
-                candidates["split"] = lambda: split_gemv(row, weight, parts)
             if available():
-                packed = torch.ops.mkldnn._reorder_linear_weight(weight.contiguous())
+                packed = torch.ops.mkldnn._reorder_linear_weight(weight)
                 candidates["packed"] = lambda: torch.ops.mkldnn._linear_pointwise(row, packed, None, "none", [], "")
-            if native_gemv.available():
-                candidates["native"] = lambda: native_gemv.gemv(row, weight)
             _one_row_path[threads] = _fastest(candidates)
     return _one_row_path[threads]
 
@@ -160,14 +127,8 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
     come cheapest first: a decode step makes ~120 of these calls, and each microsecond here is
     ~0.5% of a step (a oneDNN call costs ~13 us before it reads a byte of the weight)."""
     if _switch.on and x.dtype == torch.float32 and _streamed(weight):
-        if x.numel() == x.shape[-1]:                                     # one row
-            path = one_row_path()
-            if path == "native" and native_gemv.input_major(weight):
-                return native_gemv.gemv(x, weight)
-            if path == "split" and (parts := _split_parts(weight)) > 1:
-                return split_gemv(x, weight, parts)
-            if path != "packed":
-                return F.linear(x, weight)
+        if x.numel() == x.shape[-1] and one_row_path() == "blas":        # one row
+            return F.linear(x, weight)
         if available():
             return torch.ops.mkldnn._linear_pointwise(x.contiguous(), packed_weight(weight), None, "none", [], "")
     return F.linear(x, weight)
@@ -176,13 +137,3 @@ def linear(x: Tensor, weight: Tensor) -> Tensor:
 def packed_bytes() -> int:
     """Bytes held by packed copies right now (the memory this module costs)."""
     return sum(w.numel() * w.element_size() for w, _ in list(_packed.items()))
-
-
-class PackedLinear(nn.Linear):
-    """`nn.Linear` without bias whose product goes through `linear` (same parameters, same state dict)."""
-
-    def __init__(self, in_features: int, out_features: int):
-        super().__init__(in_features, out_features, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return linear(x, self.weight)
