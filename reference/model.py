@@ -244,10 +244,13 @@ def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32
     device = resolve_device(device)
     if name == "smollm2-135m":
         from reference import weights
-        reader = weights.read_gguf(weights.gguf_path())
+        reader = weights.parse_gguf(weights.gguf_path())
         model = Llama(ModelConfig(**weights.config_fields(reader)))
         model.load_state_dict(weights.state_dict(reader), strict=True)
-        return model.to(dtype).eval().to(device), Tokenizer.from_gguf(reader)
+        tokenizer = Tokenizer.from_gguf(reader)
+        del reader                       # the parsed header: ~140 MiB of small objects
+        weights.return_freed_memory()
+        return model.to(dtype).eval().to(device), tokenizer
     if name == "tiny":
         return build_tiny(0, dtype).to(device), ByteTokenizer()
     raise ValueError(f"unknown model {name!r}: choose 'smollm2-135m' or 'tiny'")

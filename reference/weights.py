@@ -4,6 +4,7 @@ sizes (`config_fields`) and every tensor dequantized under the names of `referen
 parameters (`state_dict`), which `reference.model.load_model` loads."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import importlib.util
 from pathlib import Path
@@ -50,9 +51,8 @@ def config_fields(reader) -> dict:
         max_seq_len=field("context_length"))
 
 
-@functools.lru_cache(maxsize=2)
-def read_gguf(path: Path):
-    """Parse a GGUF file's header once per process; tensors stay memory-mapped.
+def parse_gguf(path: Path):
+    """Parse a GGUF file's header (a gguf.GGUFReader); tensors stay memory-mapped.
 
     gguf's reader slices its memory map once per header item (about 1.2 million slices here,
     most for the tokenizer's vocabulary and merges); through `numpy.memmap` every slice runs
@@ -90,3 +90,18 @@ def state_dict(reader) -> dict[str, Tensor]:
             target, index = _GGUF_TO_OURS[kind]
             pieces.setdefault(f"blocks.{layer}.{target}.weight", {})[index] = weight
     return {name: torch.cat([parts[i] for i in sorted(parts)]) for name, parts in pieces.items()}
+
+
+# The same parse, kept for the process: the HF peer's loads (reference/bench/hf_peer.py) read the
+# file's header several times.
+read_gguf = functools.lru_cache(maxsize=2)(parse_gguf)
+
+
+def return_freed_memory() -> None:
+    """Give the heap memory freed since (a parsed header's million small objects, dequantization's
+    temporaries) back to the system: glibc keeps it in the process otherwise, about the size of
+    the weights again after a load. Elsewhere than glibc, nothing."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
