@@ -32,6 +32,7 @@ import weakref
 import torch
 from torch import Tensor
 from torch.nn import functional as F
+from torch.nn.modules import module as module_hooks
 
 from reference.context import DenseContext, PagedContext
 from reference.cpu import cpu_linear, native_batch, native_step
@@ -58,6 +59,8 @@ def why_not(model) -> str | None:
                 "replaced): a CpuModel does their arithmetic, not a replacement's")
     hooked = [name or "the model" for name, module in model.named_modules()
               if module._forward_hooks or module._forward_pre_hooks]
+    if module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks:
+        hooked.append("every module (a global forward hook)")
     if hooked:
         return (f"a hook is registered on {hooked[0]}: the native step would not run it "
                 "(use backend='torch' to watch the model's operators)")
@@ -86,6 +89,8 @@ class CpuModel:
             return False
 
     def __getattr__(self, name: str):
+        if name == "model":      # not set yet (a copy being made): no model to ask
+            raise AttributeError(name)
         return getattr(self.model, name)
 
     @torch.inference_mode()

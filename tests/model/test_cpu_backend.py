@@ -62,6 +62,12 @@ def test_backend_for_chooses_refuses_and_keeps():
     with pytest.raises(ValueError, match="float32 weights on the CPU"):
         backend_for(wide, "cpu")
     assert fast.config is model.config and fast.new_cache(1, 4).k.shape[3] == 4
+    handle = torch.nn.modules.module.register_module_forward_hook(lambda *a: None)
+    try:
+        assert backend_for(model) is model, "a global hook: the plain model, which runs it"
+    finally:
+        handle.remove()
+    assert isinstance(copy.deepcopy(fast), CpuModel)
 
 
 @pytest.mark.skipif(not native_gemv.available(), reason=f"native code not built: {native_gemv.describe()}")
