@@ -7,8 +7,9 @@ At batch 1: the naive loop (chapter 01), our KV-cached loop (chapter 02) and Hug
 `generate` on the same weights and thread count; beside each row, the step's floor and this
 machine's copy bandwidth, so step / floor and "of copy bandwidth" compare numbers taken
 together. Batched rows decode `--batch` copies of the prompt at once: the weights are read once
-per step for all of them. `--under-load` then starts a busy-loop process, chooses threads again
-as a user would on the busy machine, and reports our and HF's tokens/s under that load.
+per step for all of them. `--under-load` then starts a busy-loop process and reports our
+tokens/s under that load with the threads left to `generate` (whose `threads.adapt` looks again
+once a second: the Python API's path) and chosen again up front (a new command line's), and HF's.
 
 The *floor* of a decode step is the time of the matrix products it cannot avoid: every weight
 matrix of the model (and the cached K/V) streamed through the same matmuls, back to back, with
@@ -32,6 +33,7 @@ from reference.cpu import backend_for, cpu_linear, native_gemv, native_step
 from reference.cpu.cpu_linear import linear
 from reference.decoding import DecodeStats, generate
 from reference.model import load_model
+from reference import threads as thread_choice
 from reference.threads import choose_threads, configure, wait_policy
 
 PROMPT = "Explain in a few sentences why the sky is blue."
@@ -173,17 +175,24 @@ def batched_rows(model, ids: list[int], batches: list[int], n: int, repeats: int
 
 
 def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repeats: int) -> None:
-    """Start a busy loop, choose threads again, and compare tokens/s with the quiet run."""
+    """Start a busy loop and compare tokens/s with the quiet run: threads left to `adapt` (what
+    `generate` does through the Python API: the count chosen when quiet, looked at again once a
+    second), then chosen again up front (what a new command line does)."""
     before = torch.get_num_threads()
     with measure.competing_load(processes=1):
-        threads = choose_threads()
-        torch.set_num_threads(threads)
+        thread_choice.configure(before)                 # the quiet count, as a first call chose it
+        thread_choice._governor.reset(chosen=before)    # ... and still `adapt`'s to change
+        followed = statistics.median(time_ours(model, ids, n, True)[0] for _ in range(repeats))
+        adapted = torch.get_num_threads()
+        chosen = choose_threads()
+        torch.set_num_threads(chosen)
         ours = statistics.median(time_ours(model, ids, n, True)[0] for _ in range(repeats))
         theirs = statistics.median(time_hf(hf, ids, n)[0] for _ in range(repeats))
-    torch.set_num_threads(before)
-    print(f"threads chosen under load: {threads}   ours {n / ours:.1f} tok/s "
-          f"({n / ours / quiet_speed:.0%} of our {quiet_speed:.1f} tok/s without the extra load)   "
-          f"HF {n / theirs:.1f} tok/s", flush=True)
+    thread_choice.configure(before)
+    print(f"under a busy loop started after loading: threads left to adapt: {adapted}, ours "
+          f"{n / followed:.1f} tok/s ({n / followed / quiet_speed:.0%} of our {quiet_speed:.1f} tok/s "
+          f"without the extra load);  chosen again: {chosen}, ours {n / ours:.1f} tok/s "
+          f"({n / ours / quiet_speed:.0%});  HF {n / theirs:.1f} tok/s", flush=True)
 
 
 def step_path_note(model) -> str:
