@@ -213,3 +213,20 @@ def test_readme_is_a_front_page():
     assert not re.search(r"\bcommit [0-9a-f]{7,}\b|\b20\d\d-\d\d-\d\d\b", readme), \
         "no commit hashes or dates in the README: measured results go to the results page"
     assert "reference/bench/results/README.md" in readme
+
+
+# What the book may print the source of: code that is no exercise's answer.
+PRINTED_SOURCES = {"fa1_attention"}   # chapter 05: FlashAttention 1's loop order with its HBM ledger
+
+
+def test_the_book_prints_no_exercise_answer():
+    """The chapters show the ideas, not the code a learner writes in the exercises: a page that
+    printed `tiled_attention` or a kernel's source would hand the answer over (issue 45)."""
+    import re
+    printed = {}
+    for page in NOTEBOOKS:
+        for cell in json.loads(page.read_text())["cells"]:
+            if cell["cell_type"] == "code":
+                for name in re.findall(r"getsource\(\s*([\w.]+)", "".join(cell["source"])):
+                    printed.setdefault(name.split(".")[0], []).append(page.name)
+    assert set(printed) <= PRINTED_SOURCES, {n: p for n, p in printed.items() if n not in PRINTED_SOURCES}
