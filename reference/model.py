@@ -250,7 +250,7 @@ def load_model(name: str = "smollm2-135m", *, dtype: torch.dtype = torch.float32
         tokenizer = Tokenizer.from_gguf(reader)
         del reader                       # the parsed header: ~140 MiB of small objects
         weights.return_freed_memory()
-        return model.to(dtype).eval().to(device), tokenizer
+        return model.to(device=device, dtype=dtype).eval(), tokenizer
     if name == "tiny":
         return build_tiny(0, dtype).to(device), ByteTokenizer()
     raise ValueError(f"unknown model {name!r}: choose 'smollm2-135m' or 'tiny'")

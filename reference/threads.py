@@ -105,16 +105,17 @@ def wait_policy() -> str:
     return os.environ.get("OMP_WAIT_POLICY", "libgomp default (spin, then sleep)")
 
 
-def configure(threads: int | None = None) -> int:
+def configure(threads: int | None = None, *, adapt: bool = False) -> int:
     """Set torch's thread count to `threads`, or to `choose_threads()` when None; returns it.
 
-    A count given here is kept: `adapt` leaves it alone. So is one set by anyone else with
-    `torch.set_num_threads` after this call."""
+    A count given here is kept: `adapt` leaves it alone, unless `adapt=True` hands it over as
+    if this module had chosen it. So is one set by anyone else with `torch.set_num_threads`
+    after this call."""
     if threads is not None and threads < 1:
         raise ValueError(f"threads must be >= 1, got {threads}")
     n = threads if threads is not None else choose_threads()
     torch.set_num_threads(n)
-    _governor.reset(chosen=None if threads is not None else n)
+    _governor.reset(chosen=None if threads is not None and not adapt else n)
     return n
 
 

@@ -180,8 +180,7 @@ def under_load_rows(model, hf, ids: list[int], n: int, quiet_speed: float, repea
     second), then chosen again up front (what a new command line does)."""
     before = torch.get_num_threads()
     with measure.competing_load(processes=1):
-        thread_choice.configure(before)                 # the quiet count, as a first call chose it
-        thread_choice._governor.reset(chosen=before)    # ... and still `adapt`'s to change
+        thread_choice.configure(before, adapt=True)     # the quiet count, still `adapt`'s to change
         followed = statistics.median(time_ours(model, ids, n, True)[0] for _ in range(repeats))
         adapted = torch.get_num_threads()
         chosen = choose_threads()

@@ -132,3 +132,11 @@ def test_the_first_adapt_configures_unless_a_count_was_fixed(monkeypatch):
     finally:
         torch.set_num_threads(before)
         threads._governor.reset(None)
+
+
+def test_a_count_handed_to_adapt_is_adapts_to_change(two_threads):
+    machine = two_threads
+    threads.configure(2, adapt=True)                   # as if the module had chosen 2
+    threads.adapt(every_s=1.0)
+    machine.run(1.0, ours=1.1, others=0.9)             # a busy loop arrived
+    assert threads.adapt(every_s=1.0) == 1
