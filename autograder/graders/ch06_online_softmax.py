@@ -13,30 +13,27 @@ score exponentiated once while read, within ``WORK_SLACK``): states recomputed f
 read so far are a failed prerequisite too, seen on a row of many tiles; so is a call that records
 fewer exponentials than its finite scores (``WORK_FLOOR``) or reads more values one at a time
 than a row and a tile each (the work went outside torch, where the grader does not see it).
-Every row batch shows every property (``_rows``). The kernel runs in the learner's process under
-``TRITON_INTERPRET=1`` (natively where CUDA is available); this file owns its launcher (grid,
-BLOCK, strides) and poisons every output element with NaN. With the whole row in one block,
-the row is in registers after one load: the kernel's loads and stores, counted by the
-interpreter, must read each entry of x once and store each output once
-(``kernel_rules.require_traffic``; a second load of the row for the exponentials fails).
+Every row batch shows every property (``_rows``). The kernel, ``online_softmax_kernel``, takes
+rows of 3 to 6 blocks and runs in the learner's process under ``TRITON_INTERPRET=1`` (natively
+where CUDA is available); this file owns its launcher (grid, BLOCK, strides) and poisons every
+output element with NaN. The kernel stores its row's state (m, l) after every block, each
+compared with the state of the columns read by then, and its loads and stores, counted by the
+interpreter, must be those of two sweeps: each entry of x read twice by its row's program, one
+block per load, each output stored once and never loaded back (``kernel_rules.require_traffic``:
+a separate sweep for the max, or the whole row in one load, fails).
 """
 from __future__ import annotations
 
-import ast
-import inspect
-import re
-import textwrap
-
 import pytest
 import torch
-import triton
 
 from autograder.boundary.causes import LearnerError
 from autograder.rules.feedback import PrerequisiteFailed, assert_close
 from autograder.rules.forbid import SOFTMAX_FAMILY
 from autograder.rules.gpu_targets import Build, planned, require_gpu_build
-from autograder.rules.inputs import generator, randint
-from autograder.rules.kernel_rules import require_traffic
+from autograder.rules.inputs import generator, large_rows, randint
+from autograder.rules.kernel_rules import (cell_problem, kernel_source, require_tile_loop,
+                                             require_traffic)
 from autograder.rules.operations import require_one_pass
 from autograder.rules.plugin import exercise
 from reference.kernels.torch_reference import merge_softmax_states as reference_merge
@@ -389,142 +386,169 @@ def test_merge_with_an_empty_half(learner, seed):
                      atol=0, hint="where both m are -inf, use 0 instead of -inf - (-inf), which is NaN")
 
 
-# ------------------------------------------------------------------------ softmax_kernel
+# ----------------------------------------------------------------- online_softmax_kernel
 
-BANNED_IN_KERNEL = {"torch", "numpy", "np", "ctypes", "eval", "exec", "getattr", "globals",
-                    "__import__", "open", "setattr", "vars"}
+KERNEL = "online_softmax_kernel"
+TWO_SWEEPS = "two sweeps over the row: the online max and sum, then the write"
+SWEEP_ADVICE = ("the online softmax reads a row twice: one sweep folds each block into the "
+                "running (m, l), one more writes exp(x - m) / l; a separate sweep for the max, "
+                "or a block loaded again inside a sweep, is a third read")
+BLOCK_LOOP_ADVICE = ("Walk the row one block at a time: `for j in range(0, tl.cdiv(n_cols, "
+                     "BLOCK))`, each step loading BLOCK columns with tl.arange(0, BLOCK) and a mask")
+KERNEL_SLIPS = {
+    "no_rescale": NO_RESCALE,
+    "final_max": ("the state after block j must be measured from the max of the columns read by "
+                  "then (the running max), not from the row's final max: it is what a single "
+                  "pass knows at that point, and what lets the pass skip the separate max sweep"),
+    "zero_tail": ("the lanes past n_cols were loaded as 0, so they count in the max and the sum "
+                  "of the last block: load them with other=float('-inf')"),
+}
+NO_STATE = ("m and l were not stored after every block: after folding block j in, store the "
+            "row's running max and sum at m_ptr + row * n_blocks + j and l_ptr + row * n_blocks + j")
+EMPTY_BLOCK = ("a block whose scores are all -inf while m is still -inf (row 1 starts with such "
+               "blocks) gives exp(-inf - (-inf)) = NaN: use 0 in place of an m that is still -inf "
+               "(the rescale of an empty sum is 0)")
 
 
-def _kernel_source(learner) -> str | None:
-    """The text of the learner's ``softmax_kernel`` cell; in a notebook's check(), which does not
-    keep cell text, the kernel function's own source (None if neither can be had)."""
-    source = learner.cell_source("softmax_kernel") if hasattr(learner, "cell_source") else None
-    if source is None:
-        kernel = getattr(learner, "namespace", {}).get("softmax_kernel")
-        try:
-            source = textwrap.dedent(inspect.getsource(getattr(kernel, "fn", None)))
-        except (TypeError, OSError):
-            return None
-    return source
+def _kernel_rows(gen, case: str) -> tuple[torch.Tensor, int, int]:
+    """(x [5, n_cols + 3] in the case's dtype, n_cols, BLOCK): rows of 3 to 6 blocks of 16 or 32
+    columns, the last block partial. ``large``: each row near +-1000 and climbing or falling by
+    32 per column (``large_rows``), far outside exp's range in float64 too; ``minus_inf``: a
+    third of the entries -inf, row 1 starting with two whole blocks of -inf, row 2 ending with
+    an all -inf last block; ``float16``: N(0, 4)."""
+    block = (16, 32)[randint(gen, 0, 1)]
+    n_cols = randint(gen, 3 * block + 1, 6 * block - 1)
+    n_cols += n_cols % block == 0
+    x = torch.randn(5, n_cols + 3, generator=gen, dtype=torch.float64)
+    if case == "large":
+        offsets, directions = large_rows(gen, (5,))
+        climb = 32.0 * torch.arange(n_cols + 3, dtype=torch.float64)
+        x = offsets[:, None] + directions[:, None] * climb + (x * 16).round() / 4
+    elif case == "minus_inf":
+        x *= 3.0
+        x[torch.rand(x.shape, generator=gen) < 0.3] = float("-inf")
+        x[1, :2 * block] = float("-inf")
+        x[2, (n_cols - 1) // block * block:] = float("-inf")
+        x[:, 2 * block + 1] = 0.5                       # every row keeps a finite entry
+    else:
+        x *= 4.0 if case == "float16" else torch.rand(5, 1, generator=gen, dtype=torch.float64) * 30 + 0.5
+    return x.to(torch.float16 if case == "float16" else torch.float32), n_cols, block
 
 
-def _kernel_problem(source: str | None) -> str | None:
-    """Why the cell is not a plain @triton.jit kernel without loops (None when it is)."""
-    if source is None:
-        return None
-    tree = ast.parse(source)
-    for node in tree.body:
-        if isinstance(node, (ast.Import, ast.ImportFrom)):
-            continue
-        decorators = [ast.unparse(d) for d in getattr(node, "decorator_list", [])]
-        if not (isinstance(node, ast.FunctionDef) and node.name == "softmax_kernel"
-                and decorators in (["triton.jit"], ["jit"])):
-            return ("the cell must hold imports and one function `softmax_kernel` decorated with "
-                    f"@triton.jit, nothing else (found `{ast.unparse(node).splitlines()[0]}`)")
-    for node in ast.walk(tree):
-        if isinstance(node, (ast.For, ast.While, ast.AsyncFor, ast.comprehension)):
-            return ("no Python loops over elements in this kernel: the whole row is one BLOCK; "
-                    "load it with tl.arange(0, BLOCK) and reduce with tl.max / tl.sum")
-        if isinstance(node, (ast.Import, ast.ImportFrom)) and node not in tree.body:
-            return "the kernel body may not import modules: use tl operations only"
-        if isinstance(node, ast.Name) and node.id in BANNED_IN_KERNEL:
-            return f"the kernel body may not use `{node.id}`: use tl operations only"
+def _block_states(x: torch.Tensor, block: int, slip: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(m, l) [rows, n_blocks] after every block of x [rows, n] (float64), as an online pass
+    records them; ``slip`` gives those of a usual slip instead (``KERNEL_SLIPS``)."""
+    if slip == "zero_tail":
+        x = torch.cat([x, x.new_zeros(x.shape[0], -x.shape[1] % block)], 1)
+    ends = range(block, x.shape[1] + block, block)
+    states = [_row_state(x[:, :end]) for end in ends]
+    m = torch.stack([s[0] for s in states], 1)
+    if slip == "final_max":
+        top = m[:, -1:]
+        return m, torch.stack([torch.exp(x[:, :end] - top).sum(1) for end in ends], 1)
+    if slip == "no_rescale":
+        safe = torch.where(m == float("-inf"), torch.zeros_like(m), m)
+        terms = [torch.exp(x[:, end - block:end] - safe[:, j:j + 1]).sum(1) for j, end in enumerate(ends)]
+        return m, torch.cumsum(torch.stack(terms, 1), 1)
+    return m, torch.stack([s[1] for s in states], 1)
+
+
+def _kernel_hint(x64, block, got_m, got_l, got_out) -> str | None:
+    """The advice of the usual slip the kernel's recorded states (or output) match."""
+    if got_m.isnan().all() and got_l.isnan().all():
+        return NO_STATE
+    if (got_m.isnan() | got_l.isnan()).any() or got_out.isnan().any():
+        lead = (x64[:, :block] == float("-inf")).all(1)
+        if lead.any() and bool((got_l[lead].isnan().any(1) | got_out[lead].isnan().any(1)).all()):
+            return EMPTY_BLOCK
+    if not torch.isfinite(got_l).all() or not torch.isfinite(got_out).all():
+        return NO_MAX
+    right_m, right_l = _block_states(x64, block)
+    for slip, advice in KERNEL_SLIPS.items():
+        m, l = _block_states(x64, block, slip)
+        if not (torch.allclose(m, right_m) and torch.allclose(l, right_l, rtol=1e-4)) \
+                and torch.allclose(got_m.double(), m, rtol=1e-5, atol=1e-3) \
+                and torch.allclose(got_l.double(), l, rtol=1e-3, atol=1e-6):
+            return advice
     return None
 
 
-def _launch_softmax(learner, gen, case):
-    rows, n_cols = 5, randint(gen, 17, 100)
-    if triton.next_power_of_2(n_cols) == n_cols:
-        n_cols += 1
-    dtype = torch.float16 if case == "float16" else torch.float32
-    scale = {"large": 1000.0, "float16": 4.0}.get(case, 3.0)
-    x = torch.randn(rows, n_cols + 3, generator=gen, dtype=torch.float64) * scale
-    if case == "large":
-        x -= 5000.0                                  # every score far below 0 as well as far apart
-    if case == "minus_inf":
-        x[torch.rand(x.shape, generator=gen) < 0.3] = float("-inf")
-        x[:, randint(gen, 0, n_cols - 1)] = 0.5      # every row keeps a finite entry
-    x = x.to(dtype)
-    out = torch.full((rows, n_cols + 5), float("nan"), dtype=dtype)
-    block = triton.next_power_of_2(n_cols)
-    args = (x.to(DEVICE), out.to(DEVICE), n_cols, x.stride(0), out.stride(0))
-    try:
-        _, got, *_ = learner.launch("softmax_kernel", (rows,), *args, BLOCK=block)
-    except LearnerError as exc:                  # launch() does not say why a cell failed; call() does
-        why = getattr(learner, "cell_errors", {}).get("softmax_kernel")
-        if why and "is not defined" in str(exc):
-            raise LearnerError(f"`softmax_kernel` is not defined because its cell failed: {why}") from None
-        raise
-    return x[:, :n_cols].double(), got.cpu(), n_cols, block
-
-
-def _require_one_load(learner, rows: int, n_cols: int) -> None:
-    """PrerequisiteFailed unless the launch read each of the n_cols entries of every row of x
-    (a [rows, n_cols + 3] buffer) once and stored each output once, without loading it."""
-    once = torch.zeros(rows, n_cols + 3, dtype=torch.int32)
-    once[:, :n_cols] = 1
-    require_traffic(learner, "softmax_kernel", rule="the row is loaded once",
-                    reads={"x": (0, once, "per row", "the whole row fits in one BLOCK, so after "
-                                 "one tl.load it is in registers: take its max, exponentiate and "
-                                 "sum from there, without loading it again")},
-                    outputs={"out": 1})
-
-
-@exercise("softmax_kernel", points=4, forbid=SOFTMAX_FUNCTIONS, timeout=60)
-@pytest.mark.parametrize("case", ["random", "large", "minus_inf", "float16"])
-def test_softmax_kernel(learner, seed, case):
-    source = _kernel_source(learner)
-    problem = _kernel_problem(source)
+def _require_kernel_code(learner) -> None:
+    """Static look before a launch: a cell of Triton code whose loops step a whole block."""
+    source = kernel_source(learner, KERNEL)
+    problem = source and cell_problem(source, KERNEL)
     if problem:
         raise AssertionError(problem)
-    x, got, n_cols, block = _launch_softmax(learner, generator(seed + len(case)), case)
-    expected = torch.softmax(x, dim=-1)
-    name = f"out after softmax_kernel ({case}: 5 rows of {n_cols}, BLOCK = {block})"
-    hint = None
-    nan_rows = got[:, :n_cols].isnan().any(-1)
-    zero_lanes = re.search(r"other\s*=\s*0(\.0*)?\s*[,)]", source or "")   # the tail loaded as 0
-    if nan_rows.any() and case == "large" and block > n_cols and zero_lanes \
-            and bool((x[nan_rows].double().amax(-1) < -88).all()):
-        hint = ("the lanes past n_cols were loaded as 0, so a 0 is the max of a row whose entries "
-                "are all far below 0: every exp(x - 0) of the real entries underflows to 0, and "
-                "their sum is 0 (0/0 = NaN). Load those lanes with other=float('-inf'): they then "
-                "count for nothing in the max and the sum")
-    elif nan_rows.any() and case == "large":
-        hint = NO_MAX
-    elif got[:, :n_cols].isnan().any():
-        hint = "every one of the n_cols entries of every row must be written (the store's mask)"
-    else:
-        padded = torch.cat([x, torch.zeros(x.shape[0], block - n_cols, dtype=x.dtype)], 1)
-        zero_tail = torch.softmax(padded, -1)[:, :n_cols]
-        if torch.allclose(got[:, :n_cols].double(), zero_tail, rtol=1e-2, atol=1e-4):
-            hint = ("the lanes past n_cols were loaded as 0, so they count in the max and the sum: "
-                    "load them with other=float('-inf')")
-    # float16 outputs round to ~5e-4; scores ~ -5000 lose ~4e-4 in x * log2(e) if exp2 is used
+    require_tile_loop(learner, KERNEL, "BLOCK", BLOCK_LOOP_ADVICE, what="columns")
+
+
+def _launch_kernel(learner, x, n_cols, block):
+    """Launch on poisoned outputs: out [rows, n_cols + 5] and the states [rows, n_blocks] NaN."""
+    rows, n_blocks = x.shape[0], -(-n_cols // block)
+    out = torch.full((rows, n_cols + 5), float("nan"), dtype=x.dtype)
+    m, l = (torch.full((rows, n_blocks), float("nan")) for _ in "ml")
+    args = (x.to(DEVICE), out.to(DEVICE), m.to(DEVICE), l.to(DEVICE), n_cols, x.stride(0), out.stride(0))
+    try:
+        got = learner.launch(KERNEL, (rows,), *args, BLOCK=block)
+    except LearnerError as exc:                  # launch() does not say why a cell failed; call() does
+        why = getattr(learner, "cell_errors", {}).get(KERNEL)
+        if why and "is not defined" in str(exc):
+            raise LearnerError(f"`{KERNEL}` is not defined because its cell failed: {why}") from None
+        raise
+    return tuple(t.cpu() for t in got[1:4])
+
+
+def _require_two_sweeps(learner, rows: int, n_cols: int, block: int) -> None:
+    """PrerequisiteFailed unless each program read its row's n_cols entries twice (two sweeps),
+    one block per load, and stored out, m and l once per element without loading them."""
+    twice = torch.zeros(rows, n_cols + 3, dtype=torch.int32)
+    twice[:, :n_cols] = 2
+    require_traffic(learner, KERNEL, rule=TWO_SWEEPS,
+                    reads={"x": (0, twice, "as often as two sweeps do", SWEEP_ADVICE)}, sweeps={"x": 2},
+                    outputs={"out": 1, "m": 2, "l": 3},
+                    tiles={"x": (block, f"BLOCK = {block} columns")})
+
+
+@exercise(KERNEL, points=5, forbid=SOFTMAX_FUNCTIONS, timeout=60)
+@pytest.mark.parametrize("case", ["random", "large", "minus_inf", "float16"])
+def test_online_softmax_kernel_states_after_every_block(learner, seed, case):
+    _require_kernel_code(learner)
+    x, n_cols, block = _kernel_rows(generator(seed + len(case)), case)
+    got_out, got_m, got_l = _launch_kernel(learner, x, n_cols, block)
+    x64 = x[:, :n_cols].double()
+    call = f"{KERNEL} ({case}: 5 rows of {n_cols} columns, BLOCK = {block})"
+    hint = _kernel_hint(x64, block, got_m, got_l, got_out[:, :n_cols])
+    m, l = _block_states(x64, block)
+    # float32 states of scores in the thousands: ~1e-4 absolute in m, a few 1e-4 relative in l
+    m_tol, l_tol = (1e-3, 2e-3) if case == "large" else (1e-5, 1e-4)
+    assert_close(got_m, m, name=f"m after every block, {call}", rtol=1e-6, atol=m_tol, hint=hint)
+    assert_close(got_l, l, name=f"l after every block, {call}", rtol=l_tol, atol=1e-6, hint=hint)
     tol = {"float16": 2e-3, "large": 1e-3}.get(case, 1e-5)
-    assert_close(got[:, :n_cols], expected, name=name, rtol=tol, atol=tol * 1e-2, hint=hint)
-    if not got[:, n_cols:].isnan().all():
-        raise AssertionError(f"softmax_kernel wrote past the end of a row ({n_cols} columns, the "
-                             "row stride is larger): mask the store with cols < n_cols")
-    _require_one_load(learner, x.shape[0], n_cols)
+    assert_close(got_out[:, :n_cols], torch.softmax(x64, -1), name=f"out of {call}", rtol=tol,
+                 atol=tol * 1e-2, hint=hint)
+    if not got_out[:, n_cols:].isnan().all():
+        raise AssertionError(f"{KERNEL} wrote past the end of a row ({n_cols} columns, the row "
+                             "stride is larger): mask the store with the columns < n_cols")
+    _require_two_sweeps(learner, x.shape[0], n_cols, block)
 
 
-def _softmax_build(label: str, dtype: torch.dtype, block: int) -> Build:
-    x = torch.empty(5, block, dtype=dtype)
-    return Build(label, (x, x, block - 11, block + 3, block + 5), {"BLOCK": block})
+def _kernel_build(label: str, dtype: torch.dtype, block: int) -> Build:
+    x, state = torch.empty(5, 4 * block, dtype=dtype), torch.empty(5, 4)
+    return Build(label, (x, x, state, state, 4 * block - 11, 4 * block + 3, 4 * block + 5),
+                 {"BLOCK": block})
 
 
-SOFTMAX_BUILDS = planned("softmax_kernel", [
-    _softmax_build("grader: fp32, BLOCK = 128", torch.float32, 128),
-    _softmax_build("grader: fp16, BLOCK = 128", torch.float16, 128),
-    _softmax_build("GPU row: fp32, BLOCK = 8192", torch.float32, 8192)])
-SOFTMAX_BUILD_ADVICE = ("One program holds its whole row of BLOCK scores in registers (BLOCK / 128 per thread "
-                        "with 4 warps); tl.max and tl.sum across warps go through a little shared memory. "
-                        "Keep one row in flight: load it once, reduce it, store it")
+KERNEL_BUILDS = planned(KERNEL, [
+    _kernel_build("grader: fp32, BLOCK = 32", torch.float32, 32),
+    _kernel_build("grader: fp16, BLOCK = 32", torch.float16, 32),
+    _kernel_build("GPU row: fp32, BLOCK = 4096", torch.float32, 4096)])
+KERNEL_BUILD_ADVICE = ("One program holds one block of BLOCK scores in registers (BLOCK / 128 per thread "
+                       "with 4 warps) and its running m and l; tl.max and tl.sum across warps go through a "
+                       "little shared memory. Keep one block in flight at a time")
 
 
-@exercise("softmax_kernel", points=4, forbid=SOFTMAX_FUNCTIONS, timeout=60,
-          costly=True)
-def test_softmax_kernel_compiles_for_a_real_gpu(learner, seed):
-    """Built (not run) for a T4, an A100 and an H100 at the tests' blocks and at a GPU-sized row:
+@exercise(KERNEL, points=5, forbid=SOFTMAX_FUNCTIONS, timeout=60, costly=True)
+def test_online_softmax_kernel_compiles_for_a_real_gpu(learner, seed):
+    """Built (not run) for a T4, an A100 and an H100 at the tests' blocks and at a GPU-sized one:
     it must compile and fit one of them; the report shows shared memory, registers and spills."""
-    require_gpu_build(learner, "softmax_kernel", SOFTMAX_BUILDS, SOFTMAX_BUILD_ADVICE)
+    require_gpu_build(learner, KERNEL, KERNEL_BUILDS, KERNEL_BUILD_ADVICE)

@@ -332,18 +332,25 @@ def reachable_calls(source: str, kernel: str) -> list[ast.Call]:
     return found
 
 
-def loop_problem(source: str, kernel: str, tile: str) -> str | None:
-    """Why a loop of ``kernel`` does not step one tile of ``tile`` keys at a time, or None.
+def loop_problem(source: str, kernel: str, tile: str, what: str = "keys") -> str | None:
+    """Why a loop of ``kernel`` does not step one tile of ``tile`` ``what`` at a time, or None.
     Allowed: ``range(start, end, TILE)`` or ``range([start,] n_tiles)`` with ``n_tiles`` a
-    ``tl.cdiv(..., TILE)`` or ``... // TILE`` (likewise ``tl.range``/``tl.static_range``), and
-    no loop inside a loop."""
+    ``tl.cdiv(..., TILE)`` or ``... // TILE``, or a name the kernel assigns once, to one of
+    those (likewise ``tl.range``/``tl.static_range``), and no loop inside a loop."""
     tree = ast.parse(source)
     function = next((n for n in tree.body if isinstance(n, ast.FunctionDef)
                      and n.name == kernel), None)
     if function is None:
         return None
 
+    stores = [n.id for n in ast.walk(function) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)]
+    assigned_once = {node.targets[0].id: node.value for node in ast.walk(function)
+                     if isinstance(node, ast.Assign) and len(node.targets) == 1
+                     and isinstance(node.targets[0], ast.Name) and stores.count(node.targets[0].id) == 1}
+
     def divides_by_tile(node: ast.AST) -> bool:
+        if isinstance(node, ast.Name) and node.id in assigned_once:
+            node = assigned_once[node.id]
         if isinstance(node, ast.BinOp) and isinstance(node.op, ast.FloorDiv):
             return ast.unparse(node.right) == tile
         return (isinstance(node, ast.Call) and ast.unparse(node.func).endswith("cdiv")
@@ -361,15 +368,15 @@ def loop_problem(source: str, kernel: str, tile: str) -> str | None:
         if ranged and len(it.args) <= 2 and divides_by_tile(it.args[-1]):
             continue
         return (f"line {loop.lineno}: `for ... in {ast.unparse(it)}` does not step one tile of "
-                f"{tile} keys at a time")
+                f"{tile} {what} at a time")
     return None
 
 
-def require_tile_loop(learner: Any, kernel: str, tile: str, advice: str) -> None:
+def require_tile_loop(learner: Any, kernel: str, tile: str, advice: str, what: str = "keys") -> None:
     """Fail with ``"<kernel>: <loop_problem>. <advice>"`` where the learner's ``kernel`` does not
-    step one tile of ``tile`` keys at a time; pass where its source cannot be had."""
+    step one tile of ``tile`` ``what`` at a time; pass where its source cannot be had."""
     source = kernel_source(learner, kernel)
-    problem = source and loop_problem(source, kernel, tile)
+    problem = source and loop_problem(source, kernel, tile, what)
     if problem:
         raise AssertionError(f"{kernel}: {problem}. {advice}")
 
@@ -484,14 +491,17 @@ def interpreter_reach(cells: list[tuple[str, str]]) -> str | None:
 
 def require_traffic(learner: Any, kernel: str, *, rule: str,
                     reads: dict[str, tuple[Any, torch.Tensor, str, str]],
-                    outputs: dict[str, Any], tiles: dict[str, tuple[int, str]] | None = None) -> None:
+                    outputs: dict[str, Any], tiles: dict[str, tuple[int, str]] | None = None,
+                    sweeps: dict[str, int] | None = None) -> None:
     """``PrerequisiteFailed(..., rule=rule)`` when the last launch of ``kernel`` moved memory
     other than its technique does; nothing when the launch was not counted (an autotuned
     kernel: compiled ones are counted by a second run in the interpreter).
 
     reads: name -> (argument key, the most times each element may be loaded over the launch
       (an int tensor shaped as the argument), what "once" is per, e.g. "per split", advice).
-      No program may load one element twice, and no element more often than allowed.
+      No program may load one element twice (``sweeps``: name -> how many times one program
+      may, a kernel that reads its input in that many passes), and no element more often than
+      allowed.
     outputs: name -> argument key; an output is stored at most once per element, never loaded.
     tiles: name -> (the most elements one load of it may bring in, what a tile is).
     Every argument not in ``outputs`` is an input, never stored; nothing outside the arguments
@@ -512,7 +522,7 @@ def require_traffic(learner: Any, kernel: str, *, rule: str,
             fail(f"no load of {name} was counted: the kernel read it some other way than "
                  "tl.load, or the interpreter's count was tampered with")
         ratio = float(counted.reads.sum()) / max(float(allowed.sum()), 1.0)
-        if counted.most_reads > 1:
+        if counted.most_reads > (sweeps or {}).get(name, 1):
             fail(f"your kernel read {name} {ratio:.2f} times {per}; {advice} (one program "
                  f"loaded the same element of {name} {counted.most_reads} times)")
         beyond = int((counted.reads > allowed).sum())

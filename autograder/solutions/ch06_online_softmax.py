@@ -73,26 +73,43 @@ def merge_softmax_states(m1: Tensor, l1: Tensor, o1: Tensor,
     return m, w1 * l1 + w2 * l2, w1[..., None] * o1 + w2[..., None] * o2
 
 
-# %% grade_id: softmax_kernel
+# %% grade_id: online_softmax_kernel
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
-    """Row-wise softmax, one program per row: out[r, :n_cols] = softmax(x[r, :n_cols]).
+def online_softmax_kernel(x_ptr, out_ptr, m_ptr, l_ptr, n_cols, x_row_stride, out_row_stride,
+                          BLOCK: tl.constexpr):
+    """Row-wise softmax of rows longer than one block: one program per row, two sweeps.
 
     Row r of x starts at x_ptr + r * x_row_stride (elements, unit stride along the row); the
-    same for out. BLOCK is a power of two >= n_cols, so the whole row fits in one block: load
-    it (lanes past n_cols must not count), subtract the row max, exponentiate, divide by the
-    sum, store only the n_cols real entries. Compute in float32; store in out's dtype. Entries
-    may be -inf; every row has at least one finite entry. No loops: the row is one block,
-    loaded once.
+    same for out. A row has n_cols columns in n_blocks = cdiv(n_cols, BLOCK) blocks (BLOCK is a
+    power of two; the last block may be partial). Sweep 1 loads the row one block at a time
+    and folds each block into the running max m and sum l = sum exp(x - m) (the online
+    softmax update); after block j it stores the row's state, float32, at
+    m_ptr + r * n_blocks + j and l_ptr + r * n_blocks + j. Sweep 2 loads the row again and
+    stores exp(x - m) / l in out's dtype, for the n_cols real entries only. Compute in
+    float32. Entries may be -inf (whole blocks of them); every row has a finite entry.
     """
     row = tl.program_id(0).to(tl.int64)
+    n_blocks = tl.cdiv(n_cols, BLOCK)
+    x_row = x_ptr + row * x_row_stride
     cols = tl.arange(0, BLOCK)
-    mask = cols < n_cols
-    x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
-    p = tl.exp(x - tl.max(x, axis=0))
-    out = p / tl.sum(p, axis=0)
-    tl.store(out_ptr + row * out_row_stride + cols, out.to(out_ptr.dtype.element_ty), mask=mask)
+    m = tl.full([], float("-inf"), tl.float32)
+    l = tl.zeros([], tl.float32)
+    for j in range(0, n_blocks):
+        offsets = j * BLOCK + cols
+        x = tl.load(x_row + offsets, mask=offsets < n_cols, other=float("-inf")).to(tl.float32)
+        m_new = tl.maximum(m, tl.max(x, axis=0))
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)      # nothing finite read yet
+        l = l * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
+        m = m_new
+        tl.store(m_ptr + row * n_blocks + j, m)
+        tl.store(l_ptr + row * n_blocks + j, l)
+    for j in range(0, n_blocks):
+        offsets = j * BLOCK + cols
+        x = tl.load(x_row + offsets, mask=offsets < n_cols, other=float("-inf")).to(tl.float32)
+        p = tl.exp(x - m) / l
+        tl.store(out_ptr + row * out_row_stride + offsets, p.to(out_ptr.dtype.element_ty),
+                 mask=offsets < n_cols)

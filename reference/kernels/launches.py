@@ -274,13 +274,12 @@ def solution_launches(load_solutions: Callable[[str], dict[str, str]]) -> list[L
             out.append(Launch("ch05 flash_attention_fwd_kernel", f"{why}: fp32 D={head_dim} "
                               f"{'causal' if causal else 'full'} {block}x{block}", flash, args,
                               {"CAUSAL": causal, "HEAD_DIM": head_dim, "BLOCK_M": block, "BLOCK_N": block}))
-    softmax = kernel("ch06_online_softmax", "softmax_kernel")
+    softmax = kernel("ch06_online_softmax", "online_softmax_kernel")
     for name in ("fp32", "fp16"):
-        for n_cols in (17, 50, 100):
-            x = _empty(5, n_cols + 3, dtype=DTYPES[name])
-            block = triton.next_power_of_2(n_cols)
-            out.append(Launch("ch06 softmax_kernel", f"grader: {name} BLOCK={block}", softmax,
-                              (x, x, n_cols, n_cols + 3, n_cols + 5), {"BLOCK": block}))
+        for n_cols, block in ((97, 16), (150, 32)):
+            x, state = _empty(5, n_cols + 3, dtype=DTYPES[name]), _empty(5, triton.cdiv(n_cols, block))
+            out.append(Launch("ch06 online_softmax_kernel", f"grader: {name} BLOCK={block}", softmax,
+                              (x, x, state, state, n_cols, n_cols + 3, n_cols + 5), {"BLOCK": block}))
     partial = kernel("ch07_flash_versions", "decode_partial_kernel")
     for head_dim, block_n, why in ((16, 16, "grader"), (32, 16, "grader"), (128, 64, "GPU tile")):
         q, k, state = _empty(1, 4, head_dim), _empty(1, 2, LENGTH, head_dim), _empty(1, 4, 3, head_dim)

@@ -1,9 +1,11 @@
 """The built book as a reader sees it (`_build/html`, made by the README's first command, which CI
 runs before the suite): every data table is an HTML table, no page shows a traceback, no
-`{glue:...}` role is left unrendered, and no code line a reader sees is wider than the page's
-code column."""
+`{glue:...}` role is left unrendered, no code line a reader sees is wider than the page's code
+column, and no code a reader sees unfolded is an exercise's answer."""
 from __future__ import annotations
 
+import ast
+import functools
 import re
 from html.parser import HTMLParser
 from pathlib import Path
@@ -148,6 +150,77 @@ def test_every_visible_code_line_fits_the_column(page):
         f"characters, the code column at 1280 px; the first: {wide[0]!r}. Wrap the input, print "
         "shorter lines (textwrap, fewer columns), or move plumbing (glue, plotting) into a hidden "
         "cell (tags remove-cell, remove-input or hide-input)")
+
+
+def _normal(line: str) -> str:
+    """A code line without its indentation, trailing comment and repeated spaces."""
+    return re.sub(r"\s+", " ", re.sub(r"\s+#.*$", "", line.strip()))
+
+
+def answer_lines(source: str, names: set[str] | None = None) -> set[str]:
+    """The lines of ``source``'s function bodies (of the functions ``names`` only, if given) that
+    give an answer away: 25 characters or more, docstrings and comments left out."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    docstrings = set()
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if isinstance(body, list) and body and isinstance(body[0], ast.Expr) \
+                and isinstance(body[0].value, ast.Constant) and isinstance(body[0].value.value, str):
+            docstrings.update(range(body[0].lineno, body[0].end_lineno + 1))
+    found = set()
+    for function in ast.walk(tree):
+        if isinstance(function, ast.FunctionDef) and (names is None or function.name in names):
+            for statement in function.body:
+                for number in range(statement.lineno, statement.end_lineno + 1):
+                    line = _normal(lines[number - 1])
+                    if number not in docstrings and len(line) >= 25 and not line.startswith("#"):
+                        found.add(line)
+    return found
+
+
+@functools.cache
+def exercise_answers() -> dict[str, set[str]]:
+    """Every exercise's answer as the lines that give it away: each solution cell
+    (``autograder/solutions``), and each function of ``reference/`` named after an exercise
+    (``tiled_attention``, ``_softmax_kernel``...), the course's own version of it."""
+    from autograder.solutions import chapters, load_solutions
+    answers = {f"{chapter} `{grade_id}`": answer_lines(source)
+               for chapter in chapters() for grade_id, source in load_solutions(chapter).items()}
+    grade_ids = {name.split("`")[1] for name in answers}
+    for path in sorted((ROOT / "reference").rglob("*.py")):
+        source = path.read_text()
+        named = {n.name for n in ast.walk(ast.parse(source))
+                 if isinstance(n, ast.FunctionDef) and n.name.lstrip("_") in grade_ids}
+        for name in named:
+            answers[f"{path.relative_to(ROOT)} `{name}`"] = answer_lines(source, {name})
+    return answers
+
+
+def answers_shown(html: str) -> dict[str, list[str]]:
+    """The exercise answers of which a page shows two lines or more unfolded, with those lines."""
+    parser = CodeLines()
+    parser.feed(html)
+    visible = {_normal(line) for line in parser.lines}
+    shown = {name: sorted(lines & visible) for name, lines in exercise_answers().items()}
+    return {name: lines for name, lines in shown.items() if len(lines) >= 2}
+
+
+@pytest.mark.parametrize("page", PAGES, ids=[p.stem for p in PAGES])
+def test_no_visible_code_is_an_exercise_answer(page):
+    shown = answers_shown(page.read_text(encoding="utf-8"))
+    assert not shown, (
+        f"{page.name} shows the answer to an exercise unfolded: {shown}. Teach with code the "
+        "exercises do not ask for, or fold it in a dropdown after the exercise pointer")
+
+
+def test_the_answer_check_sees_an_answer_only_where_it_is_unfolded():
+    from autograder.solutions import load_solutions
+    answer = load_solutions("ch06_online_softmax")["online_softmax"]
+    shown = f"<div class='highlight'><pre>{answer}</pre></div>"
+    folded = f"<details class='admonition hide above-input'><pre>{answer}</pre></details>"
+    assert "ch06_online_softmax `online_softmax`" in answers_shown(shown)
+    assert answers_shown(folded) == {}
 
 
 def test_the_width_check_catches_a_wide_line_and_only_where_it_is_seen():

@@ -146,14 +146,14 @@ def test_the_flash_solution_with_a_tile_too_big_for_a_t4_passes_and_the_report_s
 
 
 def test_a_kernel_printing_a_ptxas_line_at_compile_time_is_read_from_ptxas_alone(builder):
-    cell = load_solutions("ch06_online_softmax")["softmax_kernel"]
+    cell = load_solutions("ch06_online_softmax")["online_softmax_kernel"]
     fake = "ptxas info    : Used 1 registers, used 0 barriers; 0 bytes spill stores, 0 bytes spill loads"
-    body = cell.index('"""', cell.index('"""', cell.index("def softmax_kernel")) + 3) + 3
+    body = cell.index('"""', cell.index('"""', cell.index("def online_softmax_kernel")) + 3) + 3
     printing = cell[:body] + f"\n    tl.static_print({fake!r})" + cell[body:]
-    builds = _grader("ch06_online_softmax").SOFTMAX_BUILDS[:1]
+    builds = _grader("ch06_online_softmax").KERNEL_BUILDS[:1]
     honest, faked = (Learner(text, builder) for text in (cell, printing))
     for learner in (honest, faked):
-        require_gpu_build(learner, "softmax_kernel", builds, "")
+        require_gpu_build(learner, "online_softmax_kernel", builds, "")
     assert honest.notes[0] == faked.notes[0] and " 1 reg" not in faked.notes[0], faked.notes
 
 

@@ -61,6 +61,12 @@ def test_required_calls_count_only_where_they_run_and_loops_step_whole_tiles():
         problem = loop_problem(KERNEL_HEAD + f"    for i in {loop}:\n        x = x + 1\n", "kern",
                                "BLOCK")
         assert (problem is None) == ok, (loop, problem)
+    for count, ok in [("    n_tiles = tl.cdiv(n, BLOCK)\n", True),                 # a name set once
+                      ("    n_tiles = tl.cdiv(n, BLOCK)\n    n_tiles += n\n", False),  # set again
+                      ("    n_tiles = n\n", False)]:
+        problem = loop_problem(KERNEL_HEAD + count + "    for i in range(0, n_tiles):\n        x = x + 1\n",
+                               "kern", "BLOCK")
+        assert (problem is None) == ok, (count, problem)
     stepping_keys = KERNEL_HEAD + "    for i in range(0, n):\n        x = x + 1\n"
     learner = types.SimpleNamespace(cell_source=lambda name: stepping_keys)
     with pytest.raises(AssertionError, match=r"^kern: line 9: .* one tile of BLOCK keys at a "

@@ -249,118 +249,198 @@ def merge_softmax_states(m1, l1, o1, m2, l2, o2):
     return _reference((m1, l1, o1), (m2, l2, o2))
 
 
-# %% grade_id: softmax_kernel | wrong: no max subtraction
+# %% grade_id: online_softmax_kernel | wrong: does not rescale l when the max grows
+# expect: was not rescaled when the max grew
+# replace:
+#         l = l * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
+# with:
+#         l = l + tl.sum(tl.exp(x - safe), axis=0)
+
+
+# %% grade_id: online_softmax_kernel | wrong: no guard for a block that is all -inf while m is still -inf
+# expect: exp(-inf - (-inf)) = NaN
+# replace:
+#         safe = tl.where(m_new == float("-inf"), 0.0, m_new)      # nothing finite read yet
+# with:
+#         safe = m_new
+
+
+# %% grade_id: online_softmax_kernel | wrong: no max subtraction: exp of the raw scores, summed in float64
 # expect: subtract the (running) max
 # replace:
-#     p = tl.exp(x - tl.max(x, axis=0))
+#         l = l * tl.exp(m - safe) + tl.sum(tl.exp(x - safe), axis=0)
 # with:
-#     p = tl.exp(x)
+#         l = l + tl.sum(tl.exp(x.to(tl.float64)), axis=0).to(tl.float32)
+# replace:
+#         p = tl.exp(x - m) / l
+# with:
+#         p = (tl.exp(x.to(tl.float64)) / l).to(tl.float32)
 
 
-# %% grade_id: softmax_kernel | wrong: masks the tail with 0 instead of -inf
+# %% grade_id: online_softmax_kernel | wrong: the first sweep loads the tail of the last block as 0
 # expect: were loaded as 0
 # replace:
-#     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
+#         x = tl.load(x_row + offsets, mask=offsets < n_cols, other=float("-inf")).to(tl.float32)
+#         m_new = tl.maximum(m, tl.max(x, axis=0))
 # with:
-#     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
+#         x = tl.load(x_row + offsets, mask=offsets < n_cols, other=0.0).to(tl.float32)
+#         m_new = tl.maximum(m, tl.max(x, axis=0))
 
 
-# %% grade_id: softmax_kernel | wrong: loads the tail as 0 and leaves it out of the sum only (the max still sees it: NaN where a row is all below 0)
-# expect: a 0 is the max of a row whose entries are all far below 0
-# replace:
-#     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
-#     p = tl.exp(x - tl.max(x, axis=0))
-# with:
-#     x = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-#     p = tl.where(mask, tl.exp(x - tl.max(x, axis=0)), 0.0)
-
-
-# %% grade_id: softmax_kernel | wrong: a Python loop over the elements of the row
-# expect: no Python loops over elements
+# %% grade_id: online_softmax_kernel | wrong: the safe softmax in three sweeps (max, sum, write): l after each block is measured from the row's final max
+# expect: not from the row's final max
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
+def online_softmax_kernel(x_ptr, out_ptr, m_ptr, l_ptr, n_cols, x_row_stride, out_row_stride,
+                          BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    n_blocks = tl.cdiv(n_cols, BLOCK)
+    x_row = x_ptr + row * x_row_stride
+    cols = tl.arange(0, BLOCK)
+    m = tl.full([], float("-inf"), tl.float32)
+    for j in range(0, n_blocks):
+        offsets = j * BLOCK + cols
+        x = tl.load(x_row + offsets, mask=offsets < n_cols, other=float("-inf")).to(tl.float32)
+        m = tl.maximum(m, tl.max(x, axis=0))
+        tl.store(m_ptr + row * n_blocks + j, m)
+    l = tl.zeros([], tl.float32)
+    for j in range(0, n_blocks):
+        offsets = j * BLOCK + cols
+        x = tl.load(x_row + offsets, mask=offsets < n_cols, other=float("-inf")).to(tl.float32)
+        l += tl.sum(tl.exp(x - m), axis=0)
+        tl.store(l_ptr + row * n_blocks + j, l)
+    for j in range(0, n_blocks):
+        offsets = j * BLOCK + cols
+        x = tl.load(x_row + offsets, mask=offsets < n_cols, other=float("-inf")).to(tl.float32)
+        tl.store(out_ptr + row * out_row_stride + offsets,
+                 (tl.exp(x - m) / l).to(out_ptr.dtype.element_ty), mask=offsets < n_cols)
+
+
+# %% grade_id: online_softmax_kernel | wrong: a sweep for the max before the online sweep (states right, the row read three times)
+# expect: your kernel read x 1.50 times as often as two sweeps do
+# expect score: 0
+# replace:
+#     m = tl.full([], float("-inf"), tl.float32)
+# with:
+#     top = tl.full([], float("-inf"), tl.float32)
+#     for j in range(0, n_blocks):
+#         offsets = j * BLOCK + cols
+#         x = tl.load(x_row + offsets, mask=offsets < n_cols, other=float("-inf"))
+#         top = tl.maximum(top, tl.max(x.to(tl.float32), axis=0))
+#     m = tl.full([], float("-inf"), tl.float32)
+
+
+# %% grade_id: online_softmax_kernel | cheat: the whole row in one load of a fixed 256 lanes, each block's state taken from a prefix mask in registers
+# expect: one load of x brought in
+# expect score: 0
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def online_softmax_kernel(x_ptr, out_ptr, m_ptr, l_ptr, n_cols, x_row_stride, out_row_stride,
+                          BLOCK: tl.constexpr):
+    row = tl.program_id(0).to(tl.int64)
+    n_blocks = tl.cdiv(n_cols, BLOCK)
+    cols = tl.arange(0, 256)
+    x = tl.load(x_ptr + row * x_row_stride + cols, mask=cols < n_cols,
+                other=float("-inf")).to(tl.float32)
+    for j in range(0, n_blocks):
+        seen = tl.where(cols < (j + 1) * BLOCK, x, float("-inf"))
+        m = tl.max(seen, axis=0)
+        safe = tl.where(m == float("-inf"), 0.0, m)
+        tl.store(m_ptr + row * n_blocks + j, m)
+        tl.store(l_ptr + row * n_blocks + j, tl.sum(tl.exp(seen - safe), axis=0))
+    p = tl.exp(x - tl.max(x, axis=0))
+    tl.store(out_ptr + row * out_row_stride + cols, (p / tl.sum(p, axis=0)).to(out_ptr.dtype.element_ty),
+             mask=cols < n_cols)
+
+
+# %% grade_id: online_softmax_kernel | cheat: the first sweep stores each block's exponentials into out, the second loads them back and rescales (the outputs as scratch memory: x read once)
+# expect: an output: running values stay in registers
+# expect score: 0
+# replace:
+#         m = m_new
+# with:
+#         m = m_new
+#         tl.store(out_ptr + row * out_row_stride + offsets, tl.exp(x - safe).to(out_ptr.dtype.element_ty),
+#                  mask=offsets < n_cols)
+# replace:
+#         x = tl.load(x_row + offsets, mask=offsets < n_cols, other=float("-inf")).to(tl.float32)
+#         p = tl.exp(x - m) / l
+# with:
+#         e = tl.load(out_ptr + row * out_row_stride + offsets, mask=offsets < n_cols, other=0.0)
+#         p = e.to(tl.float32) * tl.exp(tl.load(m_ptr + row * n_blocks + j) - m) / l
+
+
+# %% grade_id: online_softmax_kernel | wrong: a Python loop over the elements of the row
+# expect: does not step one tile of BLOCK columns at a time
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def online_softmax_kernel(x_ptr, out_ptr, m_ptr, l_ptr, n_cols, x_row_stride, out_row_stride,
+                          BLOCK: tl.constexpr):
     """Scalar loads one element at a time (right numbers, not a GPU kernel)."""
     row = tl.program_id(0)
+    n_blocks = tl.cdiv(n_cols, BLOCK)
     m = float("-inf")
+    l = 0.0
     for i in range(n_cols):
-        m = tl.maximum(m, tl.load(x_ptr + row * x_row_stride + i).to(tl.float32))
-    total = 0.0
+        x = tl.load(x_ptr + row * x_row_stride + i).to(tl.float32)
+        m_new = tl.maximum(m, x)
+        safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        l = l * tl.exp(m - safe) + tl.exp(x - safe)
+        m = m_new
+        if (i + 1) % BLOCK == 0 or i == n_cols - 1:
+            tl.store(m_ptr + row * n_blocks + i // BLOCK, m)
+            tl.store(l_ptr + row * n_blocks + i // BLOCK, l)
     for i in range(n_cols):
-        total += tl.exp(tl.load(x_ptr + row * x_row_stride + i).to(tl.float32) - m)
-    for i in range(n_cols):
-        p = tl.exp(tl.load(x_ptr + row * x_row_stride + i).to(tl.float32) - m) / total
+        p = tl.exp(tl.load(x_ptr + row * x_row_stride + i).to(tl.float32) - m) / l
         tl.store(out_ptr + row * out_row_stride + i, p.to(out_ptr.dtype.element_ty))
 
 
-# %% grade_id: softmax_kernel | cheat: an object named JITFunction that computes on the host
-# expect: one function `softmax_kernel` decorated with @triton.jit
+# %% grade_id: online_softmax_kernel | cheat: an object named JITFunction that computes on the host
+# expect score: 0
 class JITFunction:
     """Passes a check on the type's name; the launch computes the softmax with torch on the host."""
 
     def __getitem__(self, grid):
-        def run(x, out, n_cols, x_row_stride, out_row_stride, BLOCK):
+        def run(x, out, m, l, n_cols, x_row_stride, out_row_stride, BLOCK):
             rows = x[:, :n_cols].double()
+            for j, end in enumerate(range(BLOCK, n_cols + BLOCK, BLOCK)):
+                top = rows[:, :end].amax(-1)
+                m[:, j] = top
+                l[:, j] = torch.exp(rows[:, :end] - top[:, None]).sum(-1)
             p = torch.exp(rows - rows.amax(-1, keepdim=True))
             out[:, :n_cols] = (p / p.sum(-1, keepdim=True)).to(out.dtype)
         return run
 
 
-softmax_kernel = JITFunction()
+online_softmax_kernel = JITFunction()
 
 
-# %% grade_id: softmax_kernel | cheat: no import, no loop: the body reaches inspect through the namespace's F.torch, walks the stack to the launcher's tensors and answers with torch
+# %% grade_id: online_softmax_kernel | cheat: no import, no loop: the body reaches inspect through the namespace's F.torch, walks the stack to the launcher's tensors and answers with torch
 # expect: A kernel cell is Triton code
 import triton
 import triton.language as tl
 
 
 @triton.jit
-def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
+def online_softmax_kernel(x_ptr, out_ptr, m_ptr, l_ptr, n_cols, x_row_stride, out_row_stride,
+                          BLOCK: tl.constexpr):
     frames = F.torch._jit_internal.inspect.stack()
     values = sum(map(lambda info: list(info.frame.f_locals.values()), frames), [])
-    found = list(filter(lambda v: isinstance(v, (list, tuple)) and len(v) == 5
+    found = list(filter(lambda v: isinstance(v, (list, tuple)) and len(v) == 7
                         and isinstance(v[0], F.torch.Tensor) and isinstance(v[1], F.torch.Tensor), values))
-    x, n = found[0][0], found[0][2]
+    x, n = found[0][0], found[0][4]
     rows = x[:, :n].double()
     p = F.torch.exp(rows - rows.amax(-1, keepdim=True))
     list(map(lambda args: args[1][:, :n].copy_((p / p.sum(-1, keepdim=True)).to(args[1].dtype)), found))
-
-
-# %% grade_id: softmax_kernel | cheat: calls the reference kernel from its own
-# expect: is not allowed
-import triton
-import triton.language as tl
-from reference.kernels.softmax import _softmax_kernel
-
-
-@triton.jit
-def softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK: tl.constexpr):
-    """Inlines the course's kernel (single-block path)."""
-    _softmax_kernel(x_ptr, out_ptr, n_cols, x_row_stride, out_row_stride, BLOCK, True)
-
-
-# %% grade_id: softmax_kernel | wrong: loads the row a second time for the exponentials
-# expect: your kernel read x 2.00 times per row
-# expect score: 0
-# replace:
-#     p = tl.exp(x - tl.max(x, axis=0))
-# with:
-#     again = tl.load(x_ptr + row * x_row_stride + cols, mask=mask, other=float("-inf")).to(tl.float32)
-#     p = tl.exp(again - tl.max(x, axis=0))
-
-# %% grade_id: softmax_kernel | cheat: stores the exponentials into out and loads them back to divide (the output as scratch memory)
-# expect: your kernel loaded out, an output
-# expect score: 0
-# replace:
-#     out = p / tl.sum(p, axis=0)
-# with:
-#     tl.store(out_ptr + row * out_row_stride + cols, p.to(out_ptr.dtype.element_ty), mask=mask)
-#     back = tl.load(out_ptr + row * out_row_stride + cols, mask=mask, other=0.0).to(tl.float32)
-#     out = back / tl.sum(p, axis=0)
 
 
 # %% grade_id: online_softmax_update | cheat: the step in numpy (its import also binds np for the notebook's other cells: see the online_softmax cheat of the same notebook)
