@@ -243,7 +243,8 @@ def decode_step_kernels(cfg, *, batch: int, context: int, weight_dtype: str | to
       that sequence's K and V read (context + 1 positions), the new K and V written, q read and
       the output written. Nobody else reads a sequence's cache, so F and B both grow with B
       and the intensity stays put: about the GQA group size in fp16 (n_heads / n_kv_heads
-      query heads share each K/V byte, 2 FLOPs per element per query head, 2 bytes each).
+      query heads share each K/V byte, 2 FLOPs per element per query head, 2 bytes each;
+      `attention_intensity` gives the general formula, MLA's and a verification pass's).
     * "element-wise": two RMSNorms, RoPE on q and k, SwiGLU and two residual adds per layer,
       plus the final norm (FLOPs per element: `ELEMENTWISE_FLOPS`); each reads its inputs and
       writes its output once (unfused), and the norms read their weights once per step.
@@ -278,6 +279,55 @@ def decode_step_kernels(cfg, *, batch: int, context: int, weight_dtype: str | to
     return [KernelCost("weight matmuls", mm_flops, mm_bytes),
             KernelCost("attention", att_flops, att_bytes),
             KernelCost("element-wise", ew_flops, ew_bytes)]
+
+
+def attention_intensity(*, query_heads: int, score_dim: int, value_dim: int, cached_elements: int,
+                        query_positions: int = 1, kv_dtype: str | torch.dtype = "fp16") -> float:
+    """FLOPs per byte of cache read by attention over a sequence's cache (a decode step, or a
+    verification pass), counted per cached position of one cache head.
+
+    One cache head (a K/V head of MHA/GQA/MQA; absorbed MLA's latent) holds `cached_elements`
+    elements per position, read once per step at `dtype_bits(kv_dtype) / 8` bytes each. They
+    serve `query_heads` query heads at `query_positions` positions each, and every such query
+    does 2 * score_dim FLOPs for its score (q.k) and 2 * value_dim for its share of the output
+    (p v):
+
+        I = 2 * query_heads * query_positions * (score_dim + value_dim) / (cached_elements * s)
+
+    GQA with head_dim d: query_heads = the group G, score_dim = value_dim = d, cached_elements =
+    2d (a key and a value), so I = 2 G T / s. Absorbed MLA: query_heads = all heads, score_dim =
+    latent + RoPE widths, value_dim = latent width, cached_elements = latent + RoPE widths.
+    Only the cache's bytes count (the queries and outputs are small next to a long cache), and
+    every query is taken to see every cached position (a verification pass's last queries also
+    see the few drafted keys). The batch does not appear: each sequence reads only its own cache.
+    """
+    query_heads, score_dim, value_dim, cached_elements, query_positions = (
+        _positive_int(name, value) for name, value in (
+            ("query_heads", query_heads), ("score_dim", score_dim), ("value_dim", value_dim),
+            ("cached_elements", cached_elements), ("query_positions", query_positions)))
+    flops = 2 * query_heads * query_positions * (score_dim + value_dim)
+    return flops / (cached_elements * dtype_bits(kv_dtype) / 8)
+
+
+def decode_attention_intensity(shape, *, query_positions: int = 1,
+                               kv_dtype: str | torch.dtype = "fp16") -> float:
+    """`attention_intensity` for a published model (`reference.calculators.memory.ModelShape`).
+
+    MHA/GQA/MQA: each K/V head serves q_heads / kv_heads query heads, keys and values of
+    head_dim. MLA, in the absorbed form of `reference.mla` (the queries scored against the
+    cached latent and RoPE key, the output taken in the latent space): all q_heads share the
+    one cached vector of latent_dim + rope_dim elements. `query_positions`: 1 for a decode step,
+    k + 1 for a pass that verifies k drafted tokens (chapter 10).
+    """
+    if shape.attention == "MLA":
+        width = shape.latent_dim + shape.rope_dim
+        return attention_intensity(query_heads=shape.q_heads, score_dim=width,
+                                   value_dim=shape.latent_dim, cached_elements=width,
+                                   query_positions=query_positions, kv_dtype=kv_dtype)
+    return attention_intensity(query_heads=shape.q_heads // shape.kv_heads,
+                               score_dim=shape.head_dim, value_dim=shape.head_dim,
+                               cached_elements=2 * shape.head_dim,
+                               query_positions=query_positions, kv_dtype=kv_dtype)
 
 
 def step_seconds(kernels: list[KernelCost], peak_flops: float, bandwidth: float) -> float:

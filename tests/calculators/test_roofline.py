@@ -310,3 +310,62 @@ def test_a_quantized_cache_moves_the_attention_point_right():
     fp16 = rf.decode_step_kernels(LLAMA_70B, batch=8, context=4096)[1]
     fp8 = rf.decode_step_kernels(LLAMA_70B, batch=8, context=4096, kv_dtype="fp8")[1]
     assert fp8.flops == fp16.flops and fp8.intensity > 1.9 * fp16.intensity
+
+
+# ------------------------------------------- attention's intensity: GQA, MLA, verification
+
+def _counted_attention_flops(q_heads, kv_heads, score_dim, value_dim, positions, keys):
+    """FLOPs of `grouped_query_attention` on those shapes, as torch's flop counter sees them
+    (its two matrix products; the softmax is not a matmul and is not counted)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from reference.attention import grouped_query_attention
+    q = torch.zeros(1, q_heads, positions, score_dim)
+    k = torch.zeros(1, kv_heads, keys, score_dim)
+    v = torch.zeros(1, kv_heads, keys, value_dim)
+    with FlopCounterMode(display=False) as counter:
+        grouped_query_attention(q, k, v, causal=True)
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("positions", [1, 5])
+def test_gqa_attention_intensity_is_twice_the_group_times_positions_over_bytes(positions):
+    from reference.calculators.memory import MODELS
+    llama = MODELS["Llama 3.1 70B"]
+    keys = 4096
+    flops = _counted_attention_flops(llama.q_heads, llama.kv_heads, llama.head_dim,
+                                     llama.head_dim, positions, keys)
+    cache_bytes = llama.kv_heads * keys * 2 * llama.head_dim * 2     # K and V, fp16
+    got = rf.decode_attention_intensity(llama, query_positions=positions, kv_dtype="fp16")
+    assert got == pytest.approx(flops / cache_bytes), \
+        "FLOPs of the two products over the bytes of K and V read once"
+    assert got == 2 * llama.q_heads // llama.kv_heads * positions / 2, "I = 2 G T / s"
+    # the per-kernel model of a decode step (which also counts q, the output and the new
+    # K/V) approaches the same figure at a long context
+    att = rf.decode_step_kernels(LLAMA_70B, batch=1, context=keys)[1]
+    assert att.intensity == pytest.approx(rf.decode_attention_intensity(llama), rel=0.01)
+
+
+@pytest.mark.parametrize("positions", [1, 2])
+def test_absorbed_mla_attention_intensity_counts_every_head_against_one_latent(positions):
+    # absorbed MLA (reference.mla) is MQA whose one K/V head is the cache: queries of
+    # latent + RoPE width against [latent, RoPE key], values = the latent
+    from reference.calculators.memory import MODELS
+    ds = MODELS["DeepSeek V3"]
+    width, keys = ds.latent_dim + ds.rope_dim, 1024
+    flops = _counted_attention_flops(ds.q_heads, 1, width, ds.latent_dim, positions, keys)
+    for dtype, size in (("bf16", 2), ("fp8", 1)):
+        got = rf.decode_attention_intensity(ds, query_positions=positions, kv_dtype=dtype)
+        assert got == pytest.approx(flops / (keys * width * size)), \
+            f"{dtype}: every head's FLOPs over the one latent's bytes"
+    h100 = GPUS["H100 SXM"]
+    ridge = rf.ridge_point(h100.fp16_flops, h100.hbm_bandwidth)
+    one = rf.decode_attention_intensity(ds, kv_dtype="bf16")
+    assert 0.5 * ridge < one < ridge < 2 * one, \
+        "DeepSeek V3's bf16 decode attention sits just under an H100's ridge, fp8 past it"
+
+
+def test_attention_intensity_refuses_a_zero_count():
+    with pytest.raises(ValueError, match="query_positions"):
+        rf.attention_intensity(query_heads=8, score_dim=128, value_dim=128,
+                               cached_elements=256, query_positions=0)
