@@ -3,11 +3,14 @@
 
 One iteration of a consumer warpgroup's loop is three operations on one K/V
 tile: GEMM0 (S = Q K_j^T, tensor cores), softmax (exponentials on the
-multi-function unit) and GEMM1 (O += P V_j, tensor cores). The model has one
-tensor-core unit per SM, which runs one GEMM at a time, and one softmax unit
-per warpgroup. Each unit runs its operations in the order they are listed;
-an operation starts when its unit is free and the operations it depends on
-have ended. Three schedules of the same work (Shah et al. 2024, section 3):
+multi-function unit) and GEMM1 (O += P V_j, tensor cores). The model has two
+units per SM, each running one operation at a time: the tensor cores, for
+every GEMM, and the exponential units, for every softmax. Both are shared by
+all the SM's warpgroups (a warpgroup's four warps sit one on each of the
+SM's four sub-partitions and use all of its multi-function units), so two
+warpgroups' softmaxes queue for the same unit. Each unit runs its operations
+in the order they are listed; an operation starts when its unit is free and
+the operations it depends on have ended. Three schedules of the same work (Shah et al. 2024, section 3):
 
 - serial: a warpgroup waits for each result (what FlashAttention-2 does):
   the tensor cores idle while the softmax runs.
@@ -26,6 +29,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 TENSOR_CORES = "tensor cores"
+EXPONENTIALS = "exponential units"
 
 
 class Op(NamedTuple):
@@ -44,7 +48,7 @@ class Span(NamedTuple):
 
 
 def _unit(op: Op) -> str:
-    return f"softmax {op.warpgroup}" if op.kind == "softmax" else TENSOR_CORES
+    return EXPONENTIALS if op.kind == "softmax" else TENSOR_CORES
 
 
 def run(program: list[tuple[Op, list[Op]]], gemm: float,
@@ -113,3 +117,14 @@ def tensor_core_busy(spans: list[Span]) -> float:
     """Fraction of the schedule's length during which a GEMM runs."""
     busy = sum(s.end - s.start for s in spans if s.unit == TENSOR_CORES)
     return busy / max(s.end for s in spans)
+
+
+def pingpong_busy_bound(gemm: float, softmax: float) -> float:
+    """The most the tensor cores can be busy in a long pingpong schedule.
+
+    Per round, the two warpgroups need 4 GEMMs (4 * gemm on the tensor
+    cores) and 2 softmaxes (2 * softmax on the shared exponential units);
+    each warpgroup's own chain, GEMM1 then GEMM0 then its softmax, takes
+    2 * gemm + softmax. The round lasts at least the longest of the three."""
+    round_time = max(4 * gemm, 2 * softmax, 2 * gemm + softmax)
+    return 4 * gemm / round_time

@@ -1,9 +1,11 @@
 """reference.calculators.fa3_schedule: the toy schedules of chapter 07 keep
-every dependency, keep the tensor cores to one GEMM at a time, and hide the
-softmax exactly when the paper says they should."""
+every dependency, keep the tensor cores to one GEMM at a time and the SM's
+exponential units to one softmax at a time, and hide the softmax exactly when
+the paper says they should."""
 import pytest
 
-from reference.calculators.fa3_schedule import (TENSOR_CORES, Op, pingpong, pipelined, run, serial,
+from reference.calculators.fa3_schedule import (EXPONENTIALS, TENSOR_CORES, Op, pingpong,
+                                                pingpong_busy_bound, pipelined, run, serial,
                                                 tensor_core_busy)
 
 PROGRAMS = {"serial": serial, "pingpong": pingpong, "pipelined": pipelined}
@@ -56,3 +58,28 @@ def test_pingpong_gives_the_tensor_cores_to_one_warpgroup_at_a_time():
                    key=lambda s: s.start)
     owners = [s.op.warpgroup for s in spans]
     assert owners == [0, 1, 0, 0, 1, 1, 0, 0, 1, 1, 0, 1], owners
+
+
+def test_the_two_warpgroups_share_one_set_of_exponential_units():
+    spans = run(pingpong(8), 1.0, 3.0)
+    softmaxes = sorted((s for s in spans if s.op.kind == "softmax"), key=lambda s: s.start)
+    assert {s.unit for s in softmaxes} == {EXPONENTIALS}, \
+        "every softmax runs on the SM's exponential units, whichever warpgroup issues it"
+    assert {s.op.warpgroup for s in softmaxes} == {0, 1}
+    overlaps = [(a.op, b.op) for a, b in zip(softmaxes, softmaxes[1:]) if b.start < a.end]
+    assert not overlaps, f"two softmaxes ran at once on the shared units: {overlaps[:2]}"
+
+
+@pytest.mark.parametrize("softmax", [0.5, 1.0, 2.0, 3.0, 4.0])
+def test_long_pingpong_reaches_its_bound_and_never_passes_it(softmax):
+    busy = tensor_core_busy(run(pingpong(256), 1.0, softmax))
+    bound = pingpong_busy_bound(1.0, softmax)
+    assert busy <= bound + 1e-12, f"softmax {softmax}: busy {busy:.3f} above the bound {bound:.3f}"
+    assert busy > bound - 0.01, f"softmax {softmax}: busy {busy:.3f}, the bound is {bound:.3f}"
+
+
+def test_a_softmax_longer_than_two_gemms_is_limited_by_the_shared_exponential_units():
+    # two softmaxes of 3 per round against four GEMMs of 1: at most 4 / 6, not the 4 / 5
+    # that one exponential unit per warpgroup would allow
+    assert pingpong_busy_bound(1.0, 3.0) == pytest.approx(4 / 6)
+    assert tensor_core_busy(run(pingpong(256), 1.0, 3.0)) < 0.7
