@@ -229,7 +229,8 @@ def _llama_matrices(cfg) -> list[tuple[int, int, int]]:
 
 def decode_step_kernels(cfg, *, batch: int, context: int, weight_dtype: str | torch.dtype = "fp16",
                         kv_dtype: str | torch.dtype | None = None) -> list[KernelCost]:
-    """One decode step of a Llama-style model (`reference.model.ModelConfig`), by kernel class.
+    """One decode step of a Llama-style model (`reference.model.ModelConfig`), by kernel class:
+    `forward_kernels` with one new token per sequence.
 
     `batch` sequences each feed one token after `context` cached ones. Three classes, each
     placed on the roofline on its own (activations and the cache in `weight_dtype` unless
@@ -252,21 +253,48 @@ def decode_step_kernels(cfg, *, batch: int, context: int, weight_dtype: str | to
     The embedding lookup (batch rows) and sampling are left out. The step's time on a roofline
     is `step_seconds`: the sum over classes of max(F / peak, B / bandwidth).
     """
-    batch = _positive_int("batch", batch)
+    return forward_kernels(cfg, batch=batch, new_tokens=1, context=context,
+                           weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+
+
+def forward_kernels(cfg, *, batch: int, new_tokens: int, context: int,
+                    weight_dtype: str | torch.dtype = "fp16",
+                    kv_dtype: str | torch.dtype | None = None) -> list[KernelCost]:
+    """One forward of a Llama-style model over `new_tokens` positions per sequence after
+    `context` cached ones, by kernel class (the classes of `decode_step_kernels`).
+
+    `batch` sequences each feed `new_tokens` positions: a decode step is new_tokens = 1, a
+    speculative verification pass over the last token and k drafts is k + 1, a draft tree's
+    pass 1 + its node count. Per class:
+
+    * "weight matmuls": C[batch * new_tokens, n] = A @ W[k, n] for every projection and the LM
+      head (logits at every position, as verification needs them); each weight read once.
+    * "attention": per layer and sequence, each new position against the context and the new
+      positions up to itself (causal, as `forward_cost` counts them: new_tokens * context +
+      new_tokens (new_tokens + 1) / 2 visible keys; a tree's nodes see only their ancestors,
+      fewer keys, but a masked kernel computes the whole block anyway); bytes = that
+      sequence's K and V read once over context + new_tokens positions and written for the
+      new ones, its queries read and outputs written. The cache read does not grow with
+      new_tokens, the FLOPs do: the intensity is about new_tokens times the decode step's.
+    * "element-wise": as in `decode_step_kernels`, for batch * new_tokens tokens.
+    """
+    batch, new_tokens = _positive_int("batch", batch), _positive_int("new_tokens", new_tokens)
     context = whole_number("context", context)
     kv_dtype = weight_dtype if kv_dtype is None else kv_dtype
     act = lambda n: nbytes(n, weight_dtype)  # noqa: E731  (activation bytes)
+    tokens = batch * new_tokens
 
     mm_flops = mm_bytes = 0
     for k, n, count in _llama_matrices(cfg):
-        flops, moved = matmul_cost(batch, k, n, weight_dtype)
+        flops, moved = matmul_cost(tokens, k, n, weight_dtype)
         mm_flops, mm_bytes = mm_flops + count * flops, mm_bytes + count * moved
 
     layers, q_width = cfg.n_layers, cfg.n_heads * cfg.head_dim
     kv_width = cfg.n_kv_heads * cfg.head_dim
-    visible = context + 1
+    visible = new_tokens * context + new_tokens * (new_tokens + 1) // 2   # per sequence, causal
     att_flops = 4 * cfg.head_dim * cfg.n_heads * visible * layers * batch
-    att_bytes = layers * batch * (nbytes(2 * kv_width * (visible + 1), kv_dtype) + act(2 * q_width))
+    att_bytes = layers * batch * (nbytes(2 * kv_width * (context + 2 * new_tokens), kv_dtype)
+                                  + act(2 * q_width * new_tokens))
 
     e = ELEMENTWISE_FLOPS
     d, ff = cfg.d_model, cfg.d_ff
@@ -274,8 +302,8 @@ def decode_step_kernels(cfg, *, batch: int, context: int, weight_dtype: str | to
     per_token_flops = layers * (2 * e["rmsnorm"] * d + e["rope"] * rope + e["swiglu"] * ff
                                 + 2 * e["residual"] * d) + e["rmsnorm"] * d
     per_token_elements = layers * (2 * 2 * d + 2 * rope + 3 * ff + 2 * 3 * d) + 2 * d
-    ew_flops = batch * per_token_flops
-    ew_bytes = act(batch * per_token_elements) + act((2 * layers + 1) * d)   # + norm weights
+    ew_flops = tokens * per_token_flops
+    ew_bytes = act(tokens * per_token_elements) + act((2 * layers + 1) * d)   # + norm weights
     return [KernelCost("weight matmuls", mm_flops, mm_bytes),
             KernelCost("attention", att_flops, att_bytes),
             KernelCost("element-wise", ew_flops, ew_bytes)]

@@ -196,6 +196,7 @@ def test_the_other_calculators_accept_whole_floats_and_refuse_fractions():
     (lambda: rf.forward_cost(ModelConfig(), batch=0, new_tokens=1), ValueError),
     (lambda: rf.decode_step_kernels(ModelConfig(), batch=0, context=8), ValueError),
     (lambda: rf.decode_step_kernels(ModelConfig(), batch=2, context=-1), ValueError),
+    (lambda: rf.forward_kernels(ModelConfig(), batch=2, new_tokens=0, context=8), ValueError),
     (lambda: rf.step_seconds(rf.decode_step_kernels(ModelConfig(), batch=1, context=1), 0, 1),
      ValueError),
     (lambda: measure_machine(seconds=0), ValueError),
@@ -262,6 +263,42 @@ def test_decode_step_kernels_by_hand():
     assert rf.blended_step_seconds([mm, att, ew], 100, 10) == pytest.approx(44.0)
 
 
+def test_forward_kernels_by_hand():
+    # SMALL again, batch 2, each sequence feeding 3 positions after 3 cached ones (a
+    # verification pass over the last token and 2 drafts): 6 tokens through every kernel.
+    mm, att, ew = rf.forward_kernels(SMALL, batch=2, new_tokens=3, context=3, weight_dtype="fp16")
+    # FLOPs 2 * 6 tokens * sum(k n) = 12 * 38; elements B k + k n + B n per matrix with B = 6:
+    # W_q 28, W_k 20, W_v 20, W_o 28, gate 36, up 36, down 36, head 44 = 248, 2 bytes each
+    assert (mm.flops, mm.bytes) == (456, 496)
+    # visible keys per sequence: 3 positions x 3 cached + 1 + 2 + 3 among themselves = 15;
+    # 4 * head_dim * n_heads * 15 * batch 2 = 240 FLOPs. Per sequence K and V read over 3 + 3
+    # positions and written for 3 (18 elements), q read and o written for 3 (12): 60 bytes, x 2
+    assert (att.flops, att.bytes) == (240, 120)
+    # 52 FLOPs and 39 elements per token (see above) x 6 tokens, + the norm weights once
+    assert (ew.flops, ew.bytes) == (6 * 52, 2 * 6 * 39 + 12)
+    one = rf.forward_kernels(SMALL, batch=2, new_tokens=1, context=3, weight_dtype="fp16")
+    assert one == rf.decode_step_kernels(SMALL, batch=2, context=3, weight_dtype="fp16"), \
+        "a decode step is a forward of one new token per sequence"
+
+
+def test_extra_positions_ride_on_attention_but_not_on_the_matmuls():
+    """A pass over 5 positions per sequence against a decode step, 70B on an H100 at 32K: the
+    cache read (attention, memory-bound) hardly grows, so one blended point over the whole pass
+    calls the extra positions nearly free; the weight matmuls of 256 x 5 tokens are past the
+    ridge, and kernel by kernel the pass costs noticeably more."""
+    h100 = GPUS["H100 SXM"]
+    peak, bw = h100.fp16_flops, h100.hbm_bandwidth
+    step = rf.decode_step_kernels(LLAMA_70B, batch=256, context=32768)
+    verify = rf.forward_kernels(LLAMA_70B, batch=256, new_tokens=5, context=32768)
+    assert verify[1].bytes < 1.01 * step[1].bytes and verify[1].bound(peak, bw) == "memory"
+    assert step[0].bound(peak, bw) == "memory" and verify[0].bound(peak, bw) == "compute"
+    summed = rf.step_seconds(verify, peak, bw) / rf.step_seconds(step, peak, bw)
+    blended = rf.blended_step_seconds(verify, peak, bw) / rf.blended_step_seconds(step, peak, bw)
+    assert blended < 1.05 < 1.1 < summed, (
+        f"kernel by kernel the 5-position pass costs {summed:.2f}x a step, blended {blended:.2f}x: "
+        "the blend lets the matmuls' arithmetic hide behind attention's bytes")
+
+
 def test_the_blended_point_hides_one_kernels_bytes_behind_anothers_flops():
     compute_heavy, memory_heavy = rf.KernelCost("a", 100, 1), rf.KernelCost("b", 1, 100)
     assert rf.step_seconds([compute_heavy, memory_heavy], 1, 1) == 200
@@ -269,9 +306,11 @@ def test_the_blended_point_hides_one_kernels_bytes_behind_anothers_flops():
 
 
 def test_kernels_add_up_to_the_forward_cost():
-    for cfg, batch, context in ((ModelConfig(), 16, 500), (LLAMA_70B, 3, 4096), (SMALL, 1, 0)):
-        kernels = rf.decode_step_kernels(cfg, batch=batch, context=context)
-        whole = rf.forward_cost(cfg, batch=batch, new_tokens=1, context=context)
+    for cfg, batch, new_tokens, context in ((ModelConfig(), 16, 1, 500), (LLAMA_70B, 3, 1, 4096),
+                                            (SMALL, 1, 1, 0), (LLAMA_70B, 8, 17, 1024),
+                                            (SMALL, 2, 5, 0)):
+        kernels = rf.forward_kernels(cfg, batch=batch, new_tokens=new_tokens, context=context)
+        whole = rf.forward_cost(cfg, batch=batch, new_tokens=new_tokens, context=context)
         assert kernels[0].flops + kernels[1].flops == whole.flops
         # the kernels also move the activations that forward_cost assumes stay on chip
         assert sum(k.bytes for k in kernels) > whole.bytes
