@@ -231,9 +231,15 @@ def verify_tree(model, cache, tree_ids: list[int], parents: list[int]) -> Tensor
     """Target logits [n, vocab] for every node of a draft tree, in one forward pass.
 
     Node i sits at position cache.length + depth(i) and attends to the whole cached prefix and
-    to its own ancestors (`tree_attention_mask`): its logits equal those of running its branch
-    alone. The cache then holds the prefix and every node in the order given; the caller keeps
-    the accepted branch and truncates the rest.
+    to its own ancestors (`tree_attention_mask`): its logits (row i) equal those of running its
+    branch alone, the target's next-token logits after node i. The target's logits at the root,
+    after the last committed token, come from the pass that fed that token: the previous pass
+    when it is already cached, or this one when it is fed as the tree's single root node
+    (tree_ids = [last] + nodes, every node's parent index shifted by one and the former roots'
+    parents 0); then row 0 is the root's and row i + 1 node i's, the rows `tree_verify.accept_tree`
+    takes as p. The cache then holds the prefix and every node's K/V in the order given, row
+    prefix + i for node i: `keep_branch` keeps the accepted branch (truncating alone would keep
+    the first nodes in that order, which are not a branch in general).
     """
     if len(tree_ids) != len(parents):
         raise ValueError(f"{len(tree_ids)} tree tokens but {len(parents)} parents")
@@ -242,3 +248,35 @@ def verify_tree(model, cache, tree_ids: list[int], parents: list[int]) -> Tensor
     seen_prefix = torch.ones(len(parents), prefix, dtype=torch.bool)
     mask = torch.cat([seen_prefix, tree_attention_mask(parents)], dim=1).to(device_of(model))
     return model(torch.tensor([tree_ids], device=device_of(model)), positions, cache, mask=mask)[0]
+
+
+def keep_branch(cache, prefix: int, parents: list[int], path: list[int]) -> int:
+    """Keep an accepted branch of a verified draft tree in `cache` and drop the other nodes.
+
+    cache: a `reference.kv_cache.KVCache` as `verify_tree` left it: positions < prefix hold the
+        sequence, and node i's keys and values sit in row prefix + i of every layer, computed
+        at position prefix + depth(i).
+    parents: the tree (`verify_tree`'s parents). path: the accepted nodes, root first, each the
+        child of the one before (the greedy walk, or `tree_verify.accept_tree`'s second result).
+    A branch's rows are not contiguous in general (the branch 1 -> 4 sits in rows prefix + 1 and
+    prefix + 4), so cutting the cache at prefix + len(path) alone would keep nodes 0 and 1. The
+    path's rows are first gathered into rows prefix, prefix + 1, ..., which are exactly their
+    positions (prefix + depth), in every layer of K and V; then the cache is cut after them.
+    Medusa copies the accepted rows into place the same way. Returns the new length,
+    prefix + len(path).
+    """
+    n = len(parents)
+    if prefix < 0 or prefix + n > cache.length:
+        raise ValueError(f"the cache holds {cache.length} positions, not a prefix of {prefix} "
+                         f"and {n} tree nodes")
+    for depth, node in enumerate(path):
+        parent = -1 if depth == 0 else path[depth - 1]
+        if not (isinstance(node, int) and 0 <= node < n and parents[node] == parent):
+            raise ValueError(f"path {path} is not a branch from a root of the tree: node "
+                             f"{node!r} at step {depth} should be a child of {parent}")
+    kept = prefix + len(path)
+    rows = torch.tensor([prefix + node for node in path], dtype=torch.long, device=cache.k.device)
+    for buffer in (cache.k, cache.v):         # [layers, batch, kv heads, max_len, head_dim]
+        buffer[:, :, :, prefix:kept] = buffer[:, :, :, rows]   # the gather copies first
+    cache.truncate(kept)
+    return kept

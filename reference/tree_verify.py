@@ -43,14 +43,18 @@ def accept_tree(p: Tensor, tokens: list[int], parents: list[int], q: Tensor | No
 
     tokens, parents: the draft tree, n nodes; parents[i] = -1 for a child of the root (the last
         committed token), else an earlier node (breadth-first order does).
-    p: float [n + 1, vocab], the target's (filtered) next-token probabilities: row 0 at the root,
-        row i + 1 after node i (what `verify_tree` over [last] + tokens returns, through softmax).
+    p: float [n + 1, vocab], the target's (filtered) next-token probabilities: row 0 at the root
+        (after the last committed token), row i + 1 after node i. `verify_tree` returns node i's
+        row; the root's comes from the pass that fed the last token: the previous one when that
+        token is cached, or this one when it is fed as the tree's single root node (then
+        `verify_tree` over [last] + tokens returns all n + 1 rows, through softmax).
     q: float [n, vocab], row i the distribution node i's token was drawn from (given its path and
         its earlier siblings), or None for deterministic candidates (each one-hot at its token).
     Returns (tokens to emit, accepted nodes): the accepted path, root first, as node indices, and
     the emitted tokens, which are the path's tokens followed by one more, drawn from the residual
     where every child was rejected or from the target's row after an accepted leaf. So
     len(emitted) == len(path) + 1, between 1 and depth + 1 tokens per round.
+    `speculative.keep_branch(cache, prefix, parents, path)` then keeps the path's K/V rows.
     A chain (parents [-1, 0, 1, ...]) draws the same random numbers as `accept_drafts` and gives
     the same tokens for the same generator state.
     """

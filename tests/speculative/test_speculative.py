@@ -11,7 +11,7 @@ from scipy import stats as scipy_stats
 from reference.decoding import filtered_probs, generate
 from reference.drafters import FirstLayers, ModelDrafter, PromptLookupDrafter, layer_skip_drafter
 from reference.model import build_tiny
-from reference.speculative import (acceptance_rate, expected_tokens, speculative_accept,
+from reference.speculative import (acceptance_rate, expected_tokens, keep_branch, speculative_accept,
                                    speculative_generate, speedup, tree_attention_mask, verify_tree)
 from reference.toy_lm import BigramModel, random_table
 
@@ -296,6 +296,41 @@ def test_one_tree_pass_equals_verifying_each_branch_alone():
         cache.truncate(len(prefix))
         alone = model(torch.tensor([[tree_ids[j] for j in branch]]), cache=cache)[0]
         torch.testing.assert_close(tree_logits[branch], alone, rtol=1e-4, atol=1e-4)
+
+
+def test_keep_branch_gathers_the_accepted_rows_before_cutting_the_cache():
+    """After verify_tree, every branch kept by keep_branch continues exactly like the branch run
+    alone; cutting the cache at prefix + len(branch) without the gather does not, for a branch
+    whose rows are not the first ones (1 -> 4 sits in rows prefix + 1 and prefix + 4)."""
+    model = build_tiny(0)
+    gen = torch.Generator().manual_seed(1)
+    prefix = torch.randint(0, 256, (5,), generator=gen).tolist()
+    parents = [-1, -1, 0, 0, 1, 2, 4]
+    tree_ids = torch.randint(0, 256, (len(parents),), generator=gen).tolist()
+    next_id = torch.randint(0, 256, (1,), generator=gen).tolist()
+    verified = model.new_cache(max_len=32)
+    model(torch.tensor([prefix]), cache=verified)
+    verify_tree(model, verified, tree_ids, parents)
+    for leaf in range(len(parents)):
+        branch = sorted(ancestors(parents, leaf))
+        alone = model(torch.tensor([prefix + [tree_ids[i] for i in branch] + next_id]))[0, -1]
+        cache = copy.deepcopy(verified)
+        assert keep_branch(cache, len(prefix), parents, branch) == len(prefix) + len(branch)
+        assert cache.length == len(prefix) + len(branch)
+        kept = model(torch.tensor([next_id]), cache=cache)[0, -1]
+        torch.testing.assert_close(kept, alone, rtol=1e-4, atol=1e-4,
+                                   msg=lambda m: f"branch {branch} after keep_branch: {m}")
+        if branch != list(range(len(branch))):
+            cut = copy.deepcopy(verified)
+            cut.truncate(len(prefix) + len(branch))
+            wrong = model(torch.tensor([next_id]), cache=cut)[0, -1]
+            assert (wrong - alone).abs().max() > 1e-2, \
+                f"truncating alone kept nodes 0..{len(branch) - 1}, not the branch {branch}"
+    for not_a_branch in ([1, 3], [2], [0, 2, 4], [7]):
+        with pytest.raises(ValueError, match="not a branch"):
+            keep_branch(copy.deepcopy(verified), len(prefix), parents, not_a_branch)
+    with pytest.raises(ValueError, match="holds"):
+        keep_branch(copy.deepcopy(verified), len(prefix) + 1, parents, [0])
 
 
 # ---------------------------------------------------------------- the real model (short)
