@@ -14,14 +14,16 @@ Per token, both grow alike (attention aside), so their ratio hardly depends on P
 *break-even bandwidth* (K/V bytes over prefill seconds) says which links make moving cheaper than
 computing. Servers stream K/V layer by layer while the prefill runs (Splitwise, DistServe,
 Mooncake): only the part of the transfer that outlasts the prefill adds latency
-(`exposed_transfer_seconds`).
+(`exposed_transfer_seconds`). The same ratio is the rate at which a busy prefill GPU makes K/V,
+so the links into a decode pool must carry that rate for every prefill GPU feeding it
+(`kv_arrival_rate`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from reference.calculators.hardware import gpu as gpu_named
-from reference.calculators.memory import kv_cache_bytes_for, model as model_named
+from reference.calculators.memory import kv_cache_bytes_for, model as model_named, whole_number
 
 
 @dataclass(frozen=True)
@@ -123,3 +125,19 @@ def breakeven_bandwidth(model: str, tokens: int, gpu: str = "H100 SXM", mfu: flo
     """Bytes/s at which moving a prompt's K/V takes as long as prefilling it again."""
     return kv_cache_bytes_for(model, tokens, dtype=dtype) / prefill_seconds(
         model, tokens, gpu, mfu, active_params)
+
+
+def kv_arrival_rate(model: str, tokens: int, prefill_gpus: int, gpu: str = "H100 SXM",
+                    mfu: float = 0.5, dtype: str = "fp16",
+                    active_params: float | None = None) -> float:
+    """Bytes/s of K/V arriving at a decode pool fed by ``prefill_gpus`` GPUs that prefill
+    ``tokens``-token prompts back to back.
+
+    One busy prefill GPU makes a prompt's K/V bytes every prefill time: K/V bytes over prefill
+    seconds, which is `breakeven_bandwidth`. Splitting a prefill over n GPUs (tensor
+    parallelism) makes it n times shorter, so the rate is per GPU however they are grouped. A
+    link that only just beats the break-even bandwidth keeps up with one prefill GPU; the links
+    into a decode pool must carry the sum over every prefill GPU that feeds it.
+    """
+    gpus = whole_number("prefill_gpus", prefill_gpus, minimum=1)
+    return gpus * breakeven_bandwidth(model, tokens, gpu, mfu, dtype, active_params)

@@ -45,6 +45,21 @@ def test_breakeven_bandwidth_is_bytes_over_prefill_time():
     assert bw > 20 * dg.breakeven_bandwidth("Llama 3.1 70B", 2048)
 
 
+def test_a_decode_pool_receives_the_kv_of_every_prefill_gpu_feeding_it():
+    h = dg.handoff("Llama 3.1 8B", 4096, "InfiniBand NDR")
+    one = dg.kv_arrival_rate("Llama 3.1 8B", 4096, prefill_gpus=1)
+    assert one == pytest.approx(h.kv_bytes / h.prefill_s), \
+        "one busy prefill GPU makes a prompt's K/V bytes every prefill time"
+    assert one == pytest.approx(dg.breakeven_bandwidth("Llama 3.1 8B", 4096))
+    sixteen = dg.kv_arrival_rate("Llama 3.1 8B", 4096, prefill_gpus=16)
+    assert sixteen == pytest.approx(16 * one)
+    # a link fast enough for one prompt's handoff is not fast enough for many prefill GPUs
+    assert one < dg.link_bandwidth("InfiniBand NDR") < sixteen
+    for bad in (0, 1.5):
+        with pytest.raises((ValueError, TypeError), match="prefill_gpus"):
+            dg.kv_arrival_rate("Llama 3.1 8B", 4096, prefill_gpus=bad)
+
+
 def test_links_and_errors():
     assert dg.link_bandwidth("Ethernet 100G") == 12.5e9
     assert dg.link_bandwidth(3e9) == 3e9
