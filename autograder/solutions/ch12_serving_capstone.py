@@ -31,8 +31,9 @@ def schedule(snapshot: dict) -> dict:
       - running after the step (kept + admitted) <= max_num_seqs;
       - sum of n <= max_num_batched_tokens;
       - new blocks needed <= free_blocks + private blocks of the preempted.
-    The policy is yours: FCFS with decodes first, chunked prompts, and preempting the most
-    recently admitted when a decode finds no block is enough for full marks.
+    The policy is yours: which sequences to feed, how many tokens each, whom to admit and whom
+    to preempt. It is measured against the course's scheduler on the same traces and clock
+    (the notebook says how).
     """
     bs = snapshot["block_size"]
     budget = snapshot["max_num_batched_tokens"]

@@ -22,11 +22,13 @@ tokens, a timeline (sequences in the batch, blocks in use after the step, tokens
 cost), the preemptions, the block pool's invariants after every step, and the first error: an
 illegal decision (the rule, the step), a policy that raised, a stall (nothing fed for
 `stall_steps` steps while requests wait) or the step limit. `service_levels` turns a replay into
-throughput and TTFT / TPOT percentiles on that clock.
+throughput and TTFT / TPOT / inter-token latency percentiles on that clock, and `service_costs`
+and `balance` weigh them against the course's scheduler on the same trace.
 """
 from __future__ import annotations
 
 import contextlib
+import math
 import random
 from collections import Counter
 from collections.abc import Callable
@@ -132,6 +134,7 @@ class Replay:
     last_token_step: dict[str, int] = field(default_factory=dict)
     first_token_time: dict[str, float] = field(default_factory=dict)
     last_token_time: dict[str, float] = field(default_factory=dict)
+    token_times: dict[str, list[float]] = field(default_factory=dict)   # every token's, in order
     # {"step", "time" (at its end), "cost", "batch" (sequences fed), "running" (slots taken),
     #  "waiting", "blocks_used", "tokens"}
     timeline: list[dict] = field(default_factory=list)
@@ -223,6 +226,7 @@ def _replay(trace, policy, model, tokenizer, max_steps, stall_steps, clock) -> R
         for out in outputs:
             result.first_token_step.setdefault(out.request_id, step)
             result.first_token_time.setdefault(out.request_id, now)
+            result.token_times.setdefault(out.request_id, []).append(now)
             if out.finished:
                 result.last_token_step[out.request_id] = step
                 result.last_token_time[out.request_id] = now
@@ -259,8 +263,8 @@ def stall_cause(scheduler, free_blocks: int, budget: int) -> str:
         return (f"a waiting prompt has {left} tokens left to feed, more than the token budget of "
                 f"{budget} a step: feed a long prompt in chunks of at most the budget")
     if scheduler.running and free_blocks == 0:
-        return ("every running sequence needs a new block and none is free: preempt the most "
-                "recently admitted sequence (its private blocks come back)")
+        return ("every running sequence needs a new block and none is free: only a preempted "
+                "sequence gives blocks back (its private blocks)")
     return ("requests waited while nothing was scheduled: admit a waiting request whose next "
             "chunk fits the token budget and the free blocks")
 
@@ -294,24 +298,64 @@ def idle_slot_time(result: Replay) -> float:
                if t["waiting"] and t["running"] < result.trace.max_num_seqs)
 
 
+# The measures a policy is judged by (keys of service_levels), each with its label and whether
+# a higher value is better.
+SERVICE_MEASURES = {"throughput": ("throughput (tokens/d.s.)", True),
+                    "ttft_p50": ("TTFT p50 (d.s.)", False), "ttft_p90": ("TTFT p90 (d.s.)", False),
+                    "tpot_p50": ("TPOT p50 (d.s.)", False), "tpot_p90": ("TPOT p90 (d.s.)", False),
+                    "itl_p99": ("ITL p99 (d.s.)", False)}
+# A policy whose balance against the course's scheduler is at most this serves a trace as well
+# as the course's: a different design may lose a few percent on one draw and win on the next.
+AS_GOOD_AS_THE_COURSE = 1.05
+
+
 def service_levels(result: Replay) -> dict:
     """Throughput (tokens per decode step of clock time, from the first arrival to the last
-    token) and TTFT / TPOT percentiles (decode steps of clock time) over the finished requests,
-    as chapter 9 defines them; "steps" is how many engine steps the replay took."""
+    token), TTFT and TPOT percentiles as chapter 9 defines them, and the inter-token latency's
+    99th percentile (ITL: the gap between two consecutive tokens of one reply, over every reply:
+    the longest pauses a streaming reader sees), all in decode steps of clock time, over the
+    finished requests; "steps" is how many engine steps the replay took."""
     done = [rid for rid in result.replies if result.replies[rid]]
     if not done:
-        return {"throughput": 0.0, "ttft_p50": float("inf"), "ttft_p99": float("inf"),
-                "tpot_p50": float("inf"), "tpot_p99": float("inf"), "steps": 0, "preemptions": result.preemptions}
+        return {**{key: float("inf") for key in SERVICE_MEASURES}, "throughput": 0.0, "steps": 0,
+                "preemptions": result.preemptions}
     start = min(r["arrival"] for r in result.trace.requests)
     end = max(result.last_token_time[rid] for rid in done)
     ttft = result.ttft()
     ttfts = [ttft[rid] for rid in done]
     tpots = [(result.last_token_time[rid] - result.first_token_time[rid]) / (len(result.replies[rid]) - 1)
              for rid in done if len(result.replies[rid]) > 1]
+    gaps = [later - earlier for rid in done
+            for earlier, later in zip(result.token_times[rid], result.token_times[rid][1:])]
     return {"throughput": sum(len(result.replies[rid]) for rid in done) / (end - start),
-            "ttft_p50": percentile(ttfts, 50), "ttft_p99": percentile(ttfts, 99),
-            "tpot_p50": percentile(tpots, 50) if tpots else 0.0, "tpot_p99": percentile(tpots, 99) if tpots else 0.0,
+            "ttft_p50": percentile(ttfts, 50), "ttft_p90": percentile(ttfts, 90),
+            "tpot_p50": percentile(tpots, 50) if tpots else 0.0, "tpot_p90": percentile(tpots, 90) if tpots else 0.0,
+            "itl_p99": percentile(gaps, 99) if gaps else 0.0,
             "steps": len(result.timeline), "preemptions": result.preemptions}
+
+
+def service_costs(levels: dict, course: dict) -> dict[str, float]:
+    """Each measure of SERVICE_MEASURES as a cost relative to the course's scheduler on the same
+    trace (both service_levels dicts): yours / the course's for a latency, the course's / yours
+    for throughput. 1 is as good as the course's, 1.2 is 20% worse, 0.9 is 10% better."""
+    costs = {}
+    for key, (_, higher_is_better) in SERVICE_MEASURES.items():
+        mine, theirs = levels[key], course[key]
+        if mine == theirs:            # equal, zero or infinite alike
+            costs[key] = 1.0
+        elif higher_is_better:
+            costs[key] = theirs / mine if mine > 0 else math.inf
+        else:
+            costs[key] = mine / theirs if theirs > 0 else math.inf
+    return costs
+
+
+def balance(costs: dict[str, float]) -> float:
+    """The geometric mean of service_costs: one number per trace, in which a measure 10% better
+    makes up for another 10% worse."""
+    if any(math.isinf(c) for c in costs.values()):
+        return math.inf
+    return math.exp(sum(math.log(c) for c in costs.values()) / len(costs))
 
 
 def timeline_figure(runs: dict[str, dict[str, Replay]], num_cols: int | None = None):

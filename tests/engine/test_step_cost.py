@@ -1,8 +1,12 @@
 """The capstone's clock (reference/engine/step_cost.py): a step lasts what chapter 04's roofline
-says, in decode steps; replays advance by it, and a slot left free while requests wait is timed."""
+says, in decode steps; replays advance by it, a slot left free while requests wait is timed, and
+a policy's service on that clock is weighed against the course's scheduler's."""
+import math
+
 import pytest
 
-from reference.engine.replay import idle_slot_time, make_trace, replay, service_levels
+from reference.engine.replay import (AS_GOOD_AS_THE_COURSE, balance, idle_slot_time, make_trace, replay,
+                                     service_costs, service_levels)
 from reference.engine.scheduler import reference_policy
 from reference.engine.step_cost import StepClock
 from reference.model import ModelConfig, build_tiny
@@ -56,14 +60,31 @@ def test_a_replay_advances_by_each_steps_cost():
     decodes = [t["cost"] for t in run.timeline if t["tokens"] <= t["batch"]]
     assert chunks and min(chunks) > 1.3 and max(decodes) < 1.1
     levels = service_levels(run)
-    assert levels["tpot_p99"] > 1.05    # some decodes shared a step with a long chunk
+    assert levels["itl_p99"] > 1.3    # some decodes shared a step with a long chunk
+
+
+def static(snapshot):
+    """Static batching as a policy: the course's, shown an empty queue while any request runs."""
+    return reference_policy(dict(snapshot, waiting=[] if snapshot["running"] else snapshot["waiting"]))
 
 
 def test_static_batching_leaves_slots_idle_where_continuous_batching_does_not():
     model, trace = build_tiny(0), make_trace("steady", 0)
-
-    def static(snapshot):
-        return reference_policy(dict(snapshot, waiting=[] if snapshot["running"] else snapshot["waiting"]))
-
     assert idle_slot_time(replay(trace, reference_policy, model)) == 0
     assert idle_slot_time(replay(trace, static, model)) > 20
+
+
+def test_service_costs_weigh_a_policy_against_the_course_on_the_same_trace():
+    """Each measure becomes a cost relative to the course's scheduler (throughput inverted, so
+    that above 1 is worse for every measure), and the balance is their geometric mean: 1 for the
+    course's own policy, far above AS_GOOD_AS_THE_COURSE for static batching."""
+    model, trace = build_tiny(0), make_trace("steady", 0)
+    course, slow = (service_levels(replay(trace, policy, model)) for policy in (reference_policy, static))
+    assert set(service_costs(course, course).values()) == {1.0}
+    costs = service_costs(slow, course)
+    assert costs["throughput"] == pytest.approx(course["throughput"] / slow["throughput"])
+    assert costs["ttft_p90"] == pytest.approx(slow["ttft_p90"] / course["ttft_p90"])
+    assert costs["throughput"] > 1 and costs["ttft_p90"] > 1
+    assert balance(costs) == pytest.approx(math.prod(costs.values()) ** (1 / len(costs)))
+    assert balance(costs) > 1.5 * AS_GOOD_AS_THE_COURSE
+    assert balance(dict(costs, throughput=math.inf)) == math.inf

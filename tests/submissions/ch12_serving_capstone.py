@@ -1,14 +1,49 @@
 # %% grade_id: schedule | wrong: static batching (admits only when nothing runs)
-# expect: below the service level
+# expect: below the course's scheduler on the
 # expect: a slot stood free while requests waited
 # replace:
 #         slots = snapshot["max_num_seqs"] - len(running) if not preempt else 0
 # with:
 #         slots = snapshot["max_num_seqs"] if not running and not preempt else 0
 
+# %% grade_id: schedule | wrong: prefill-first (prompts take the token budget, decodes get what is left)
+# expect: below the course's scheduler on the
+# expect: running sequences with a token to decode were left out of the batch
+# replace:
+#         # 1. decodes first, oldest admission first; make room by preempting the newest
+#         for seq in [s for s in running if left(s) == 1]:
+#             while seq in running and blocks_needed(seq, 1) > room:
+#                 victim = running.pop()
+#                 preempt.append(victim["id"])
+#                 free += victim["private_blocks"]
+#                 room += victim["private_blocks"]
+#             if seq in running:
+#                 room -= blocks_needed(seq, 1)
+#                 batch[seq["id"]] = 1
+#                 tokens -= 1
+# with:
+
+# replace:
+#         if batch or not running:
+# with:
+#         for seq in [s for s in running if left(s) == 1]:
+#             if tokens == 0:
+#                 break
+#             while seq in running and blocks_needed(seq, 1) > room:
+#                 victim = running.pop()
+#                 preempt.append(victim["id"])
+#                 batch.pop(victim["id"], None)
+#                 free += victim["private_blocks"]
+#                 room += victim["private_blocks"]
+#             if seq in running:
+#                 room -= blocks_needed(seq, 1)
+#                 batch[seq["id"]] = 1
+#                 tokens -= 1
+#         if batch or not running:
+
 # %% grade_id: schedule | wrong: never preempts (a decode that finds no block waits)
 # expect: stalled
-# expect: preempt the most recently admitted sequence
+# expect: only a preempted sequence gives blocks back
 # replace:
 #             while seq in running and blocks_needed(seq, 1) > room:
 #                 victim = running.pop()
