@@ -358,27 +358,45 @@ def balance(costs: dict[str, float]) -> float:
     return math.exp(sum(math.log(c) for c in costs.values()) / len(costs))
 
 
-def timeline_figure(runs: dict[str, dict[str, Replay]], num_cols: int | None = None):
+# How timeline_figure draws each policy: the course's scheduler as a broad pale line underneath,
+# the others thinner, dashed, with markers, and raised by a small fraction of the panel's scale,
+# so that where two policies do the same thing both lines stay visible.
+COURSE_STYLE = dict(color="0.45", lw=3.2, alpha=0.45, ls="-", zorder=2)
+OTHER_STYLES = [dict(color="C0", lw=1.3, ls=":", marker="s", zorder=3),   # by rank, cycling: the
+                dict(color="C1", lw=1.3, ls="--", marker="o", zorder=3)]  # first after the course's: C1
+LIFT = 0.025   # the k-th policy drawn is raised by k times this fraction of the panel's limit
+
+
+def timeline_figure(runs: dict[str, dict[str, Replay]]):
     """A small matplotlib figure: for each trace (a key of `runs`), the sequences in each step's
     batch and the blocks in use after it, against clock time, one line per policy (the inner
-    keys). Returns the figure."""
+    keys; the one called "course" drawn as the course's scheduler, underneath the others, which
+    are lifted slightly so that equal stretches show as two lines). Returns the figure."""
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(2, len(runs), figsize=(3.2 * len(runs), 4.2), squeeze=False, sharex="col")
+    fig, axes = plt.subplots(2, len(runs), figsize=(3.2 * len(runs), 4.6), squeeze=False, sharex="col")
     for col, (kind, by_policy) in enumerate(runs.items()):
-        for label, result in by_policy.items():
-            ends = [t["time"] for t in result.timeline]   # each step's value holds until it ends
-            axes[0][col].step(ends, [t["batch"] for t in result.timeline], where="pre", label=label)
-            axes[1][col].step(ends, [t["blocks_used"] for t in result.timeline], where="pre", label=label)
         trace = next(iter(by_policy.values())).trace
+        course_first = sorted(by_policy.items(), key=lambda item: item[0] != "course")
+        for rank, (label, result) in enumerate(course_first):
+            style = COURSE_STYLE if label == "course" else OTHER_STYLES[rank % len(OTHER_STYLES)]
+            ends = [t["time"] for t in result.timeline]   # each step's value holds until it ends
+            for row, (key, limit) in enumerate((("batch", trace.max_num_seqs), ("blocks_used", trace.num_blocks))):
+                values = [t[key] + rank * LIFT * limit for t in result.timeline]
+                marks = dict(markevery=max(1, len(ends) // 12), markersize=3) if "marker" in style else {}
+                shown = label if not rank else f"{label}, drawn {100 * rank * LIFT:g}% higher"
+                axes[row][col].step(ends, values, where="pre", label=shown, **style, **marks)
         axes[0][col].set_title(kind, fontsize=9)
         axes[0][col].axhline(trace.max_num_seqs, color="grey", lw=0.6, ls=":")
         axes[1][col].axhline(trace.num_blocks, color="grey", lw=0.6, ls=":")
         axes[1][col].set_xlabel("time (decode steps)", fontsize=8)
-        for ax in axes[:, col] if hasattr(axes, "shape") else (axes[0][col], axes[1][col]):
+        for ax in axes[:, col]:
             ax.tick_params(labelsize=7)
+        axes[0][col].yaxis.set_major_locator(MaxNLocator(integer=True))
     axes[0][0].set_ylabel("sequences in the batch", fontsize=8)
     axes[1][0].set_ylabel("blocks in use", fontsize=8)
-    axes[0][0].legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.06, 1, 1))
     return fig
