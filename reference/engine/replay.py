@@ -375,28 +375,29 @@ def timeline_figure(runs: dict[str, dict[str, Replay]]):
     import matplotlib.pyplot as plt
     from matplotlib.ticker import MaxNLocator
 
-    fig, axes = plt.subplots(2, len(runs), figsize=(3.2 * len(runs), 4.6), squeeze=False, sharex="col")
-    for col, (kind, by_policy) in enumerate(runs.items()):
+    fig, axes = plt.subplots(len(runs), 2, figsize=(8.4, 1.8 * len(runs) + 0.5), squeeze=False,
+                             sharex="row")
+    for row, (kind, by_policy) in enumerate(runs.items()):
         trace = next(iter(by_policy.values())).trace
         course_first = sorted(by_policy.items(), key=lambda item: item[0] != "course")
         for rank, (label, result) in enumerate(course_first):
             style = COURSE_STYLE if label == "course" else OTHER_STYLES[rank % len(OTHER_STYLES)]
             ends = [t["time"] for t in result.timeline]   # each step's value holds until it ends
-            for row, (key, limit) in enumerate((("batch", trace.max_num_seqs), ("blocks_used", trace.num_blocks))):
+            for col, (key, limit) in enumerate((("batch", trace.max_num_seqs), ("blocks_used", trace.num_blocks))):
                 values = [t[key] + rank * LIFT * limit for t in result.timeline]
                 marks = dict(markevery=max(1, len(ends) // 12), markersize=3) if "marker" in style else {}
                 shown = label if not rank else f"{label}, drawn {100 * rank * LIFT:g}% higher"
                 axes[row][col].step(ends, values, where="pre", label=shown, **style, **marks)
-        axes[0][col].set_title(kind, fontsize=9)
-        axes[0][col].axhline(trace.max_num_seqs, color="grey", lw=0.6, ls=":")
-        axes[1][col].axhline(trace.num_blocks, color="grey", lw=0.6, ls=":")
-        axes[1][col].set_xlabel("time (decode steps)", fontsize=8)
-        for ax in axes[:, col]:
+        axes[row][0].set_title(f"{kind}: sequences in the batch", fontsize=9, loc="left")
+        axes[row][1].set_title(f"{kind}: blocks in use", fontsize=9, loc="left")
+        axes[row][0].axhline(trace.max_num_seqs, color="grey", lw=0.6, ls=":")
+        axes[row][1].axhline(trace.num_blocks, color="grey", lw=0.6, ls=":")
+        axes[row][0].yaxis.set_major_locator(MaxNLocator(integer=True))
+        for ax in axes[row]:
             ax.tick_params(labelsize=7)
-        axes[0][col].yaxis.set_major_locator(MaxNLocator(integer=True))
-    axes[0][0].set_ylabel("sequences in the batch", fontsize=8)
-    axes[1][0].set_ylabel("blocks in use", fontsize=8)
+    for ax in axes[-1]:
+        ax.set_xlabel("time (decode steps)", fontsize=8)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="lower center", ncol=len(labels), fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.06, 1, 1))
+    fig.tight_layout(rect=(0, 0.3 / fig.get_figheight(), 1, 1))
     return fig
