@@ -8,6 +8,7 @@ run in a sandboxed process by ``sandbox`` or in this one by ``local``), what a g
 ``graders/`` and the solutions in ``solutions/``.
 """
 import importlib.abc
+import os
 import sys
 
 # Modules that moved when autograder/ was split by role: old name -> new name. Importing an old
@@ -31,24 +32,24 @@ MOVED = {
 }
 
 
-class _MovedModules(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path=None, target=None):
+class _MovedModules(importlib.abc.PathEntryFinder):
+    """The finder of a marker entry on a package's `__path__` (`_report_moved`): an old name fails
+    with a message naming the new place; any other name goes on to the package's directory."""
+
+    def find_spec(self, fullname, target=None):
         if fullname in MOVED:
             raise ModuleNotFoundError(f"{fullname} has moved: import {MOVED[fullname]} instead")
         return None
 
 
-if not any(type(finder).__name__ == "_MovedModules" and finder.__module__ == __name__
-           for finder in sys.meta_path):
-    sys.meta_path.insert(0, _MovedModules())
+def _report_moved(package_path: list[str]) -> None:
+    """Make a package's moved modules fail clearly when imported: a marker entry first on the
+    package's own `__path__`, whose finder (kept where the import system keeps each path entry's
+    finder, sys.path_importer_cache) is `_MovedModules`. Only imports of the package's own modules
+    look there; sys.meta_path and sys.path_hooks stay as they were."""
+    marker = os.path.join(package_path[-1], "(moved modules)")
+    sys.path_importer_cache[marker] = _MovedModules()
+    package_path.insert(0, marker)
 
 
-def check(obj, seed: int | None = None) -> None:
-    """Run the grader tests of the exercise ``obj.__name__`` against the notebook's objects,
-    print what passes and what to fix, and raise ``AssertionError`` if a test fails (see
-    ``autograder.local.check``)."""
-    from autograder.local import check as _check
-    _check(obj, seed)
-
-
-__all__ = ["check"]
+_report_moved(__path__)

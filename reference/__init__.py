@@ -9,6 +9,7 @@ Importing it changes nothing in the process: how many threads decoding uses, and
 a load that comes and goes, is reference/threads.py.
 """
 import importlib.abc
+import os
 import sys
 
 # Modules that moved when reference/ was split by role, and when the fast CPU path left the model
@@ -43,13 +44,25 @@ MOVED = {
 }
 
 
-class _MovedModules(importlib.abc.MetaPathFinder):
-    def find_spec(self, fullname, path=None, target=None):
+class _MovedModules(importlib.abc.PathEntryFinder):
+    """The finder of a marker entry on a package's `__path__` (`_report_moved`): an old name fails
+    with a message naming the new place; any other name goes on to the package's directory."""
+
+    def find_spec(self, fullname, target=None):
         if fullname in MOVED:
             # no name=: `from reference import memory` would then turn it into "cannot import name"
             raise ModuleNotFoundError(f"{fullname} has moved: import {MOVED[fullname]} instead")
         return None
 
 
-if not any(isinstance(finder, _MovedModules) for finder in sys.meta_path):
-    sys.meta_path.insert(0, _MovedModules())
+def _report_moved(package_path: list[str]) -> None:
+    """Make a package's moved modules fail clearly when imported: a marker entry first on the
+    package's own `__path__`, whose finder (kept where the import system keeps each path entry's
+    finder, sys.path_importer_cache) is `_MovedModules`. Only imports of the package's own modules
+    look there; sys.meta_path and sys.path_hooks stay as they were."""
+    marker = os.path.join(package_path[-1], "(moved modules)")
+    sys.path_importer_cache[marker] = _MovedModules()
+    package_path.insert(0, marker)
+
+
+_report_moved(__path__)

@@ -33,3 +33,7 @@ built on this package, nor a front-end; ``autograder.sandbox``'s ``SandboxLearne
 - ``store``      the reference models and caches that answer the proxies
 - ``builds``     a submission's compile worker and the cache of its reports
 """
+
+from autograder import _report_moved
+
+_report_moved(__path__)   # autograder.boundary.sandbox (autograder.MOVED)

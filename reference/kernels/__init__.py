@@ -6,9 +6,12 @@
 On a machine without a CUDA GPU, set TRITON_INTERPRET=1 before importing this package to run
 the kernels in Triton's interpreter.
 """
+from reference import _report_moved
 from reference.kernels.decode_attention import decode_attention
 from reference.kernels.flash_attention import flash_attention
 from reference.kernels.paged_attention import paged_decode_attention, store_kv
 from reference.kernels.softmax import softmax
+
+_report_moved(__path__)   # reference.kernels.versions (reference.MOVED)
 
 __all__ = ["decode_attention", "flash_attention", "paged_decode_attention", "softmax", "store_kv"]

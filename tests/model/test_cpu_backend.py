@@ -87,12 +87,12 @@ def test_an_engine_step_through_the_backend_equals_the_plain_model():
 
 
 IMPORT_EVERYTHING = """
-import os, pkgutil, importlib, torch
+import os, pkgutil, importlib, sys, torch
 from torch.nn.modules import module as hooks
 def state():
     names = [n for n in vars(hooks) if n.startswith("_global_") and isinstance(getattr(hooks, n), dict)]
     return ({n: len(getattr(hooks, n)) for n in names}, dict(os.environ), torch.get_num_threads(),
-            torch.get_num_interop_threads())
+            torch.get_num_interop_threads(), list(sys.meta_path), list(sys.path_hooks))
 before = state()
 import reference
 for info in pkgutil.walk_packages(reference.__path__, "reference."):
@@ -105,7 +105,8 @@ print(before == after, [k for k in before[0] if before[0][k] != after[0][k]], be
 
 def test_importing_the_course_changes_nothing_in_the_process():
     """Every module of reference/ but the benchmarks imported: torch's global module hooks,
-    the environment and torch's thread settings are what they were."""
+    the environment, torch's thread settings and the import system's finders and hooks are what
+    they were."""
     done = subprocess.run([sys.executable, "-c", IMPORT_EVERYTHING], capture_output=True, text=True,
                           timeout=300)
     assert done.stdout.startswith("True"), done.stdout + done.stderr[-2000:]
