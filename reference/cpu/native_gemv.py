@@ -1,5 +1,6 @@
-"""The course's native CPU code, compiled into one library: the batch-1 decode step
-(native_step.c) and the products it runs on its packed weights (native_gemv.c), the engine's
+"""The course's native CPU code, compiled into one library: the batch-1 pass over 1 to 16 new
+positions, a decode step among them (native_step.c), and the products it runs on its packed
+weights (native_gemv.c), the engine's
 decode attention read in the paged pool (native_attention.c) and its steps' element-wise work
 (native_batch.c). Hand-written because a decode step's cost is reading the weights, and torch's
 operators, one dispatch, allocation and fork/join of the threads each, do not get there.
@@ -31,7 +32,7 @@ import tempfile
 from pathlib import Path
 
 
-# The decode step (native_step.c) and its products (native_gemv.c), the engine's paged decode
+# The batch-1 pass (native_step.c) and its products (native_gemv.c), the engine's paged decode
 # attention (native_attention.c) and its steps' element-wise work (native_batch.c): one library.
 SOURCES = [Path(__file__).with_name(name)
            for name in ("native_gemv.c", "native_step.c", "native_attention.c", "native_batch.c")]
@@ -65,11 +66,11 @@ def _library() -> ctypes.CDLL | None:
         _why_not = f"{type(error).__name__}: {str(error).strip()[:300]}"
         return None
     pointer, size = ctypes.c_void_p, ctypes.c_long
-    lib.step_work_floats.argtypes = [pointer, ctypes.c_int]
+    lib.step_work_floats.argtypes = [pointer, size, ctypes.c_int]
     lib.step_work_floats.restype = size
-    lib.decode_step.argtypes = [pointer, size, size, pointer, pointer, pointer, pointer, pointer,
-                                pointer, pointer, ctypes.c_float, pointer, pointer, ctypes.c_int]
-    lib.decode_step.restype = size
+    lib.forward_pass.argtypes = [pointer, size, pointer, size, pointer, pointer, pointer, pointer, pointer,
+                                 pointer, pointer, ctypes.c_float, pointer, size, pointer, pointer, ctypes.c_int]
+    lib.forward_pass.restype = size
     lib.stream_step.argtypes = [pointer, size, pointer, pointer, pointer, pointer, pointer, ctypes.c_int]
     lib.stream_step.restype = None
     lib.paged_decode_attention.argtypes = [pointer, pointer, size, pointer, pointer, pointer, pointer,

@@ -15,8 +15,8 @@ memory per matrix (reference/cpu/native_gemv.c). The products whose outputs a th
 (QKV, gate/up, the LM head) are packed in strips of 32 columns, [in, 32] each; gate/up's strips
 pair 16 gate columns with the 16 up columns they multiply, so that a thread computes its hidden
 units' silu(gate) * up alone. The products split by input rows (the output and down projections)
-are packed in panels of 8 rows, runs of 8 x 16 blocks: a thread's share is 8 or 16 rows read side
-by side, 16 streams at once. The cost is memory, the size of the weights again (`packed_bytes`),
+are packed in panels of 32 rows, runs of 32 x 16 blocks: a thread's share of them is one run,
+where reading 32 rows of the [in, out] matrix side by side would be 32 streams. The cost is memory, the size of the weights again (`packed_bytes`),
 beside the parameters the rest of the course reads and oneDNN's packed copy for the products of
 several rows (reference/cpu/cpu_linear.py); it lives as long as the model, `forget` drops it, and
 REFERENCE_NATIVE_STEP=0 never makes it. A weight replaced or changed in place after packing is
@@ -50,9 +50,10 @@ enabled, set_enabled = _switch.enabled, _switch.set_enabled
 
 # model -> its `_Packed` weights (built at its first native step).
 _tables: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-PANEL_ROWS, PANEL_COLS, STRIP_COLS = 8, 16, 32   # the packed layouts' blocks (native_gemv.c)
+PANEL_ROWS, PANEL_COLS, STRIP_COLS = 32, 16, 32   # the packed layouts' blocks (native_gemv.c)
 _DATA_PTR, _VERSION = Tensor.data_ptr, operator.attrgetter("_version")
 _scratch = threading.local()
+_FIRST_ROW = (ctypes.c_long * 1)(0)   # the logit row a decode step asks for
 _APPEND = KVCache.append
 
 
@@ -102,10 +103,11 @@ def decode_step(model, input_ids: Tensor, cache: KVCache) -> Tensor | None:
     threads = torch.get_num_threads()
     shape, floats = _step_sizes(packed, model.config, cache.max_len, threads)
     logits = torch.empty(1, 1, shape[6])
-    if native_gemv._library().decode_step(
-            shape, input_ids.data_ptr(), position, packed.embed, packed.head, packed.layers,
+    if native_gemv._library().forward_pass(
+            shape, 1, input_ids.data_ptr(), position, packed.embed, packed.head, packed.layers,
             packed.final_norm, packed.rope + position * packed.rope_row_bytes, cache.k.data_ptr(),
-            cache.v.data_ptr(), model.norm.eps, _work(floats).data_ptr(), logits.data_ptr(), threads):
+            cache.v.data_ptr(), model.norm.eps, _FIRST_ROW, 1, _work(floats).data_ptr(),
+            logits.data_ptr(), threads):
         raise IndexError(f"token id {int(input_ids)} is outside the vocabulary of {shape[6]}")
     cache.filled(position + 1)
     return logits
@@ -135,7 +137,7 @@ def _step_sizes(packed: _Packed, cfg, max_len: int, threads: int) -> tuple[ctype
     if sizes is None:
         shape = (ctypes.c_long * 8)(cfg.d_model, cfg.n_layers, cfg.n_heads, cfg.n_kv_heads,
                                     cfg.head_dim, cfg.d_ff, cfg.vocab_size, max_len)
-        sizes = packed.steps[max_len, threads] = (shape, native_gemv._library().step_work_floats(shape, threads))
+        sizes = packed.steps[max_len, threads] = (shape, native_gemv._library().step_work_floats(shape, 1, threads))
     return sizes
 
 
@@ -239,8 +241,8 @@ _LAYOUTS = ["strips", "panels", "paired strips", "panels"]   # QKV, O, gate/up, 
 
 
 def _packed_shape(weight: Tensor, layout: str) -> torch.Size:
-    """The packed shape of weight [out, in] (native_gemv.c): panels [ceil(in / 8), ceil(out / 16),
-    8, 16]; strips [ceil(out / 32), in, 32]; paired strips (gate/up: out = 2 d_ff) [ceil(d_ff / 16),
+    """The packed shape of weight [out, in] (native_gemv.c): panels [ceil(in / 32), ceil(out / 16),
+    32, 16]; strips [ceil(out / 32), in, 32]; paired strips (gate/up: out = 2 d_ff) [ceil(d_ff / 16),
     in, 32]."""
     n_out, n_in = weight.shape
     if layout == "panels":
@@ -251,8 +253,8 @@ def _packed_shape(weight: Tensor, layout: str) -> torch.Size:
 
 
 def _pack_panels(dest: Tensor, weight: Tensor) -> Tensor:
-    """dest [panels, chunks, 8, 16] = weight [out, in] (any layout), in panels (zeros past
-    its edges): dest[p, c, r, k] = weight[16 c + k, 8 p + r]."""
+    """dest [panels, chunks, 32, 16] = weight [out, in] (any layout), in panels (zeros past
+    its edges): dest[p, c, r, k] = weight[16 c + k, 32 p + r]."""
     panels, chunks = dest.shape[:2]
     rows = weight.detach().t()                                        # [in, out]
     if rows.shape != (panels * PANEL_ROWS, chunks * PANEL_COLS):      # widen with zeros

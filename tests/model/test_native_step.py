@@ -207,16 +207,16 @@ def test_the_floor_reads_and_writes_nothing_the_model_holds():
 
 
 def test_the_panel_layout_puts_every_weight_where_the_c_code_reads_it():
-    """Panel p, chunk c, row r, lane k holds weight[16 c + k, 8 p + r]; zeros past the edges."""
-    n_out, n_in = 37, 13                                  # neither a multiple of 16 nor of 8
+    """Panel p, chunk c, row r, lane k holds weight[16 c + k, 32 p + r]; zeros past the edges."""
+    n_out, n_in = 37, 45                                  # neither a multiple of 16 nor of 32
     weight = torch.randn(n_out, n_in)                     # [out, in], as nn.Linear stores it
     dest = torch.full(tuple(native_step._packed_shape(weight, "panels")), float("nan"))
     native_step._pack_panels(dest, weight)
     panels, chunks = dest.shape[:2]
     for o in range(chunks * 16):
-        for i in range(panels * 8):
+        for i in range(panels * 32):
             want = weight[o, i].item() if o < n_out and i < n_in else 0.0
-            assert dest[i // 8, o // 16, i % 8, o % 16].item() == want, (o, i)
+            assert dest[i // 32, o // 16, i % 32, o % 16].item() == want, (o, i)
 
 
 @pytest.mark.parametrize("layout", ["strips", "paired strips"])
@@ -248,9 +248,9 @@ def test_the_packed_copy_is_counted_and_dropped_on_request():
     CpuModel(model)                                                    # packs when built
     d, qkv_out = ODD.d_model, (ODD.n_heads + 2 * ODD.n_kv_heads) * ODD.head_dim
     per_layer = [-(-qkv_out // 32) * 32 * d,                           # QKV in strips of 32 columns
-                 -(-(ODD.n_heads * ODD.head_dim) // 8) * 8 * -(-d // 16) * 16,   # O in panels
+                 -(-(ODD.n_heads * ODD.head_dim) // 32) * 32 * -(-d // 16) * 16,   # O in panels
                  -(-ODD.d_ff // 16) * 32 * d,                          # gate/up: 16 units a strip
-                 -(-ODD.d_ff // 8) * 8 * -(-d // 16) * 16]             # down in panels
+                 -(-ODD.d_ff // 32) * 32 * -(-d // 16) * 16]           # down in panels
     matrices = per_layer * ODD.n_layers + [-(-ODD.vocab_size // 32) * 32 * d]   # the tied head
     padded = sum(-(-floats * 4 // 64) * 64 for floats in matrices)     # each piece 64-byte aligned
     assert native_step.packed_bytes(model) == padded
