@@ -8,10 +8,11 @@ per sequence. Each pass reads every weight once, and in float32 does about T/2 F
 byte; below the machine's ridge point the roofline says a T-position pass costs what a 1-position
 pass costs. This benchmark times, side by side in one process and interleaved, the real model's
 pass over T positions after `--context` cached ones three ways: our model through the fast CPU
-path (`reference.cpu.CpuModel`: weights packed once for oneDNN, reference/cpu/cpu_linear.py, the
-default), the plain model (reference/model.py: `F.linear`), and Hugging Face transformers on the
-same weights; beside them the roofline's prediction from this machine's measured copy bandwidth
-and matmul FLOP/s (chapter 04).
+path (`reference.cpu.CpuModel`, the default: up to 16 positions in one native call,
+reference/cpu/native_step.c, the 1-position pass being a decode step; more through weights packed
+once for oneDNN, reference/cpu/cpu_linear.py), the plain model (reference/model.py: `F.linear`),
+and Hugging Face transformers on the same weights; beside them the roofline's prediction from this
+machine's measured copy bandwidth and matmul FLOP/s (chapter 04).
 """
 from __future__ import annotations
 

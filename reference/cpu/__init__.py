@@ -4,18 +4,20 @@
 calls (`cpu_model(input_ids, positions, cache, context=..., num_layers=..., logits_rows=...,
 mask=...)`, `new_cache`, `config`) and the same logits up to float rounding:
 
-- a batch-1 decode step over a `KVCache`: one native call (`native_step`, reference/cpu/
-  native_step.c) on a copy of the weights packed in the order the C code streams them;
+- a pass over 1 to 16 new positions of one sequence over a `KVCache` (a decode step, a
+  verification of k drafts, a short prompt or a prompt's chunk; causal, all logit rows or some):
+  one native call (`native_step`, reference/cpu/native_step.c) on a copy of the weights packed in
+  the order the C code streams them, each weight read once for all the positions;
 - an engine step (a `PagedContext` with the "torch" backend): the products through weights
   packed once for oneDNN (`cpu_linear`), the element-wise work between them and the decode rows'
   attention in C (`native_batch`, `native_attention`);
-- any other pass (a prefill, a verification of k drafts, a batch, a self-draft over the first
-  layers, a custom mask): the model's arithmetic, written out below, with its products through
+- any other pass (a longer prefill, a batch, a self-draft over the first layers, a custom mask
+  such as a draft tree's): the model's arithmetic, written out below, with its products through
   `cpu_linear.linear`.
 
 What it cannot serve it refuses when it is built (`ValueError`), not step by step: a model that
 is not a float32 `Llama` on the CPU, one whose blocks hold modules of other kinds, or one with a
-hook on any of its modules (the native step would skip the hook). It serves the modules it was
+hook on any of its modules (the native pass would skip the hook). It serves the modules it was
 built on: replace a module, build another (`backend_for` does; a weight replaced or changed in
 place is seen and packed again). `backend_for(model, backend)`
 is how `generate`, `LLM`, the command line and the server choose: "auto" (the default) a
@@ -62,7 +64,7 @@ def why_not(model) -> str | None:
     if module_hooks._global_forward_hooks or module_hooks._global_forward_pre_hooks:
         hooked.append("every module (a global forward hook)")
     if hooked:
-        return (f"a hook is registered on {hooked[0]}: the native step would not run it "
+        return (f"a hook is registered on {hooked[0]}: the native pass would not run it "
                 "(use backend='torch' to watch the model's operators)")
     return None
 
@@ -100,7 +102,7 @@ class CpuModel:
         """`Llama.forward`'s arguments and result (logits [B, T or R, vocab], float32)."""
         model = self.model
         if native_step.serves(model, input_ids, positions, cache, context, num_layers, logits_rows, mask):
-            logits = native_step.decode_step(model, input_ids, cache)
+            logits = native_step.forward(model, input_ids, cache, positions, logits_rows)
             if logits is not None:
                 return logits
         if context is not None and native_batch.serves(model, context, num_layers):

@@ -11,8 +11,9 @@ A single row is different: BLAS runs it as a matrix-vector product that streams 
 stored, with nothing to re-pack, and may or may not beat the packed weight depending on the CPU,
 the thread count and the load; so it is decided by measurement, once per process and thread
 count (`one_row_path`, about 0.1 s), not by a rule. Both give the same numbers up to float
-rounding. (Where the native code is built, a batch-1 decode step does not come here at all:
-`reference.cpu.native_step` runs the whole step, products included, in one call.)
+rounding. (Where the native code is built, a batch-1 pass over up to 16 new positions, a decode
+step among them, does not come here at all: `reference.cpu.native_step` runs the whole pass,
+products included, in one call.)
 
 `linear` packs each weight once (the first time it is used, again whenever the weight changes)
 into oneDNN's blocked layout and multiplies with oneDNN's inner-product primitive, which then only

@@ -1,7 +1,8 @@
 """The fast CPU path against the model it is built from (llm.c's one parity test): on the real
 model and a tiny one, `reference.cpu.CpuModel`'s logits equal the plain model's and both equal a
-float64 run, for a prefill, batch-1 decode steps, a multi-position pass and an engine step; the
-backend is chosen, refused and kept as `backend_for` says; importing the course changes nothing."""
+float64 run, for a prefill, batch-1 decode steps, passes over 2 to 16 new positions after a cached
+prefix (their keys and values too) and an engine step; the backend is chosen, refused and kept as
+`backend_for` says; importing the course changes nothing."""
 import copy
 import subprocess
 import sys
@@ -9,7 +10,7 @@ import sys
 import pytest
 import torch
 
-from reference.cpu import CpuModel, backend_for, native_gemv
+from reference.cpu import CpuModel, backend_for, native_gemv, native_step
 from reference.decoding import generate
 from reference.model import build_tiny
 from test_cpu_linear import relative_error
@@ -41,6 +42,41 @@ def test_the_backend_and_the_plain_model_agree_with_float64(which, request):
     for i, (g, p, w) in enumerate(zip(got, plain, want)):
         assert relative_error(g, w) < 1e-5, f"backend vs float64, pass {i}"
         assert relative_error(p, w) < 1e-5, f"plain model vs float64, pass {i}"
+
+
+@pytest.mark.skipif(not native_gemv.available(), reason=f"native code not built: {native_gemv.describe()}")
+@pytest.mark.parametrize("which", ["tiny", "smollm2"])
+def test_passes_over_several_positions_agree_with_float64(which, request, monkeypatch):
+    """A pass over T = 2, 5 and 16 new positions after a cached prefix, ending exactly at max_len
+    (a verification of drafts, a prompt's chunk): the backend's (one native call) logits and the
+    keys and values it writes at the new positions equal the plain model's, and both float64's."""
+    calls, real = [], native_step.forward
+    monkeypatch.setattr(native_step, "forward", lambda *a: calls.append(a[1].shape[1]) or real(*a))
+    if which == "tiny":
+        model, prompt = build_tiny(seed=1), list(range(3, 20))
+        new = [(7 * i + 1) % 256 for i in range(16)]
+    else:
+        model, tok = request.getfixturevalue("real_model")
+        prompt = tok.chat_ids("Why is the sky blue?")
+        new = tok.encode(" Light scatters off the molecules of the air, and blue light, whose waves are short,"
+                         " scatters most.")[:16]
+    fast, model64 = CpuModel(model), copy.deepcopy(model).double()
+    for rows in (2, 5, 16):
+        ids, start, end = torch.tensor([new[:rows]]), len(prompt), len(prompt) + rows
+        out = {}
+        for name, runner, owner in (("backend", fast, model), ("plain", model, model), ("float64", model64, model64)):
+            cache = owner.new_cache(1, end)                 # the pass ends exactly at max_len
+            runner(torch.tensor([prompt]), cache=cache)
+            out[name] = (runner(ids, cache=cache), cache)
+        assert calls[-1] == rows, "the pass did not run natively"
+        (got, cache), (plain, plain_cache), (want, cache64) = out["backend"], out["plain"], out["float64"]
+        assert got.shape == want.shape == (1, rows, model.config.vocab_size) and cache.length == end
+        assert relative_error(got, want) < 1e-5, f"backend vs float64, {rows} positions"
+        assert relative_error(plain, want) < 1e-5, f"plain model vs float64, {rows} positions"
+        for name in ("k", "v"):
+            mine, theirs = getattr(cache, name)[..., start:end, :], getattr(cache64, name)[..., start:end, :]
+            assert relative_error(mine, theirs) < 1e-5, f"{name} at the new positions, {rows} positions"
+            assert relative_error(getattr(plain_cache, name)[..., start:end, :], theirs) < 1e-5
 
 
 def test_greedy_tokens_are_the_same_through_every_backend(real_model):

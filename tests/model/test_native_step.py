@@ -1,6 +1,8 @@
-"""reference.cpu.native_step: a batch-1 decode step in one native call (through
-`reference.cpu.CpuModel`) equals the model's own operators run in float64, writes the cache as they
-do, serves only the steps it should, and fails as they do on a full cache or a bad token."""
+"""reference.cpu.native_step: a pass over 1 to 16 new positions of one sequence in one native call
+(through `reference.cpu.CpuModel`: a decode step, a verification of drafts, a short prompt) equals
+the model's own operators run in float64, writes the cache as they do (by position too), gives the
+logit rows asked for, serves only the passes it should, and fails as they do on a full cache or a
+bad token."""
 import copy
 import os
 import subprocess
@@ -36,9 +38,9 @@ def random_model(cfg: ModelConfig, seed: int) -> Llama:
 
 @pytest.fixture
 def native_calls(monkeypatch):
-    """A list that gets one entry per step a `CpuModel` hands to the native code."""
-    calls, real = [], native_step.decode_step
-    monkeypatch.setattr(native_step, "decode_step", lambda *a: calls.append(a) or real(*a))
+    """A list that gets one entry per pass a `CpuModel` hands to the native code: its new positions."""
+    calls, real = [], native_step.forward
+    monkeypatch.setattr(native_step, "forward", lambda *a: calls.append(a[1].shape[1]) or real(*a))
     return calls
 
 
@@ -56,11 +58,50 @@ def test_steps_equal_the_operators_in_float64(native_calls, threads, cfg):
         assert got.shape == want.shape == (1, 1, cfg.vocab_size) and got.dtype == torch.float32
         assert relative_error(got, want) < 1e-5, f"logits differ at step {step}"
         assert cache.length == cache64.length == 8 + step
-    assert len(native_calls) == 9
+    assert native_calls == [7] + [1] * 9                     # the prompt, then every step
     n = cache.length
     for name in ("k", "v"):
         assert relative_error(getattr(cache, name)[..., :n, :], getattr(cache64, name)[..., :n, :]) < 1e-5
         assert not getattr(cache, name)[..., n:, :].any(), "wrote past the new position"
+
+
+@pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
+@pytest.mark.parametrize("cfg", [TINY, ODD], ids=["tiny", "odd"])
+@pytest.mark.parametrize("rows", [2, 5, 16])
+def test_passes_over_several_positions_equal_the_operators_in_float64(native_calls, threads, cfg, rows):
+    """T new positions after a prefix of 9, the pass ending exactly at max_len: the logits of every
+    row, and the keys and values written at the T positions (none past them), as float64's."""
+    model = random_model(cfg, seed=rows + threads)
+    fast, model64 = CpuModel(model), copy.deepcopy(model).double()
+    gen = torch.Generator().manual_seed(rows)
+    prompt, ids = (torch.randint(0, cfg.vocab_size, (1, n), generator=gen) for n in (9, rows))
+    cache, cache64 = model.new_cache(1, 9 + rows), model64.new_cache(1, 9 + rows)
+    fast(prompt, cache=cache), model64(prompt, cache=cache64)
+    got, want = fast(ids, cache=cache), model64(ids, cache=cache64)
+    assert native_calls == [9, rows]
+    assert got.shape == want.shape == (1, rows, cfg.vocab_size) and got.dtype == torch.float32
+    assert relative_error(got, want) < 1e-5
+    assert cache.length == cache64.length == 9 + rows
+    for name in ("k", "v"):
+        assert relative_error(getattr(cache, name)[..., 9:, :], getattr(cache64, name)[..., 9:, :]) < 1e-5
+
+
+def test_a_pass_writes_by_position_and_gives_the_rows_asked_for(native_calls):
+    """positions p .. p + T - 1 with p before the cache's end overwrite the tail (a verification
+    after rejected drafts), as the operators do; logits_rows picks rows (negative from the end)."""
+    model = random_model(ODD, seed=13)
+    fast, model64 = CpuModel(model), copy.deepcopy(model).double()
+    cache, cache64 = model.new_cache(1, 24), model64.new_cache(1, 24)
+    fast(torch.arange(1, 13)[None], cache=cache), model64(torch.arange(1, 13)[None], cache=cache64)
+    ids, positions = torch.tensor([[5, 6, 7, 8]]), torch.arange(9, 13)
+    for rows in (None, torch.tensor([-1]), torch.tensor([2, 0, 3, 3])):
+        got = fast(ids, positions, cache, logits_rows=rows)
+        want = model64(ids, positions, cache64, logits_rows=rows)
+        assert got.shape == want.shape and relative_error(got, want) < 1e-5
+        assert cache.length == 13
+    for name in ("k", "v"):
+        assert relative_error(getattr(cache, name)[..., :13, :], getattr(cache64, name)[..., :13, :]) < 1e-5
+    assert native_calls == [12, 4, 4, 4]
 
 
 def test_thread_count_may_change_between_steps(native_calls):
@@ -76,7 +117,7 @@ def test_thread_count_may_change_between_steps(native_calls):
             assert relative_error(fast(token, cache=cache), model64(token, cache=cache64)) < 1e-5
     finally:
         torch.set_num_threads(before)
-    assert len(native_calls) == 4
+    assert native_calls == [3, 1, 1, 1, 1]
 
 
 def test_greedy_tokens_equal_the_operators_on_smollm2(real_model, native_calls):
@@ -92,22 +133,26 @@ def test_greedy_tokens_equal_the_operators_on_smollm2(real_model, native_calls):
     assert native == operators == generate(model, prompt, 24, backend="torch")
 
 
-def test_steps_it_does_not_serve_take_the_operators(native_calls):
+def test_passes_it_does_not_serve_take_the_operators(native_calls):
     model = build_tiny(seed=4)
     fast = CpuModel(model)
-    token = torch.tensor([[5]])
+    token, two = torch.tensor([[5]]), torch.tensor([[5, 6]])
 
     def prefilled(batch=1):
         cache = model.new_cache(batch, 32)
-        fast(torch.tensor([[1, 2, 3]] * batch), cache=cache)
+        model(torch.tensor([[1, 2, 3]] * batch), cache=cache)              # the plain model: no call
         return cache
 
-    fast(token, cache=prefilled(), positions=torch.tensor([3]))              # written by position
+    fast(two, cache=prefilled(), positions=torch.tensor([3, 5]))             # not a run (a tree)
+    fast(two, cache=prefilled(), positions=torch.tensor([3, 4], dtype=torch.int32))
+    with pytest.raises(ValueError, match="cannot write at position 4"):
+        fast(two, cache=prefilled(), positions=torch.tensor([4, 5]))         # past the cache's end
     fast(token, cache=prefilled(), num_layers=1)                             # a self-draft
-    fast(token, cache=prefilled(), logits_rows=torch.tensor([0]))
+    fast(two, cache=prefilled(), logits_rows=torch.tensor([True, False]))    # a mask, not indices
+    fast(two, cache=prefilled(), logits_rows=torch.tensor([0, 1, 1]))        # more rows than the pass
     fast(token, cache=prefilled(), mask=torch.ones(1, 4, dtype=torch.bool))
     fast(token.int(), cache=prefilled())                                     # the C code reads int64
-    fast(torch.tensor([[5, 6]]), cache=prefilled())                          # two positions
+    fast(torch.arange(17)[None], cache=prefilled())                          # more than 16 positions
     fast(token)                                                              # no cache
     fast(torch.tensor([[5], [6]]), cache=prefilled(batch=2))                 # two sequences
     unaligned = prefilled()
@@ -120,11 +165,12 @@ def test_steps_it_does_not_serve_take_the_operators(native_calls):
     fast(token, cache=prefilled())
     model.attention_backend = "sdpa"
     previous = native_step.set_enabled(False)
-    fast(token, cache=prefilled())
+    fast(two, cache=prefilled())
     native_step.set_enabled(previous)
     assert native_calls == []
-    fast(token, cache=prefilled())
-    assert len(native_calls) == 1
+    fast(two, cache=prefilled(), positions=torch.tensor([2, 3]), logits_rows=torch.tensor([-1]))
+    fast(torch.arange(16)[None], cache=prefilled())
+    assert native_calls == [2, 16]
 
 
 def test_what_someone_watches_runs_as_operators(native_calls, monkeypatch):
@@ -143,7 +189,8 @@ def test_what_someone_watches_runs_as_operators(native_calls, monkeypatch):
     assert isinstance(fast, CpuModel) and backend_for(model) is fast
     cache = model.new_cache(1, 16)
     fast(torch.tensor([[1, 2, 3]]), cache=cache)
-    del seen[:]
+    assert native_calls == [3]
+    del seen[:], native_calls[:]
     plain = cache.append
     cache.append = lambda layer, k, v: seen.append(k.shape) or plain(layer, k, v)
     fast(torch.tensor([[5]]), cache=cache)
@@ -164,16 +211,23 @@ def test_the_environment_switch_turns_it_off():
     assert done.stdout.strip() == "False", done.stderr
 
 
-def test_a_full_cache_and_a_bad_token_are_clear_errors():
+def test_a_full_cache_and_a_bad_token_are_clear_errors(native_calls):
     fast = CpuModel(build_tiny(seed=5))
-    cache = fast.new_cache(1, 4)
+    cache = fast.new_cache(1, 6)
     fast(torch.tensor([[1, 2, 3, 4]]), cache=cache)
+    with pytest.raises(ValueError, match="KV cache full: 4 \\+ 3 tokens exceed max_len=6"):
+        fast(torch.tensor([[5, 6, 7]]), cache=cache)
+    fast(torch.tensor([[5, 6]]), cache=cache)
     with pytest.raises(ValueError, match="KV cache full"):
         fast(torch.tensor([[5]]), cache=cache)
     cache.truncate(3)
-    with pytest.raises(IndexError, match="outside the vocabulary"):
+    k = cache.k.clone()
+    with pytest.raises(IndexError, match="token id 256 is outside the vocabulary"):
         fast(torch.tensor([[TINY.vocab_size]]), cache=cache)
-    assert cache.length == 3, "a refused step must leave the cache as it was"
+    with pytest.raises(IndexError, match="token id -1 is outside the vocabulary"):
+        fast(torch.tensor([[7, -1, 8]]), cache=cache)
+    assert cache.length == 3 and torch.equal(cache.k, k), "a refused pass must leave the cache as it was"
+    assert native_calls == [4, 3, 2, 1, 1, 3]
 
 
 def test_a_replaced_weight_is_read_from_its_new_buffer(native_calls):
@@ -190,7 +244,7 @@ def test_a_replaced_weight_is_read_from_its_new_buffer(native_calls):
     cache, cache64 = model.new_cache(1, 8), model64.new_cache(1, 8)
     fast(torch.tensor([[1, 2]]), cache=cache), model64(torch.tensor([[1, 2]]), cache=cache64)
     assert relative_error(fast(token, cache=cache), model64(token, cache=cache64)) < 1e-5
-    assert len(native_calls) == 2
+    assert native_calls == [2, 1, 2, 1]
 
 
 def test_the_floor_reads_and_writes_nothing_the_model_holds():
@@ -282,7 +336,7 @@ def _through_data_then_forget(model):
 def test_a_weight_changed_after_packing_is_read_as_changed(native_calls, change):
     model, got, want = _step_after(change, seed=10)
     assert relative_error(got, want) < 1e-5
-    assert len(native_calls) == 2
+    assert native_calls == [2, 1, 2, 1]
 
 
 def _step_after(change, seed: int):
