@@ -59,17 +59,6 @@ static void score_run(const float *query, const float *keys, long stride, long n
     *sum += run_sum;
 }
 
-/* Sixteen floats as one value (GCC's and clang's vector extension): one vector register where the
- * machine has 512-bit ones, two or four narrower ones elsewhere. */
-typedef float lanes16 __attribute__((vector_size(64)));
-
-static inline lanes16 load16(const float *p)
-{
-    lanes16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* row[:hd] += sum over t < n of w[t] * values[t * stride : t * stride + hd]. Sixteen columns at a
  * time are summed over the whole run in registers (adding a value row at a time loaded and
  * stored the output row for every key, the kernel's largest cost). */

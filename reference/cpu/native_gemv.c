@@ -11,10 +11,7 @@
  * about what one row's costs; above it, the multiply-adds. */
 #include <string.h>
 
-/* 16 floats, one AVX-512 register: sums and weights written as vectors, so that the compiler keeps
- * a block of rows' sums in registers (an array of floats it may leave in memory). Without
- * AVX-512 a vector is two or four registers, and fewer rows fit. */
-typedef float lanes16 __attribute__((vector_size(64)));
+#include "native_math.h"   /* lanes16: a row's sums of 16 columns in one vector register */
 
 #define MAX_ROWS 16    /* rows a product takes (native_step.py's MAX_ROWS) */
 /* Rows whose sums a product keeps in registers at once: more go in blocks of rows, each block
@@ -24,18 +21,6 @@ typedef float lanes16 __attribute__((vector_size(64)));
 #else
 #define BLOCK_ROWS 2   /* AVX2's 16 registers of 8 floats: a strip's sums of 2 rows fill 8 */
 #endif
-
-static inline lanes16 load16(const float *p)
-{
-    lanes16 v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static inline void store16(float *p, lanes16 v)
-{
-    memcpy(p, &v, sizeof v);
-}
 
 /* The panel layout (reference/cpu/native_step.py packs it): w [n_in, n_out] as
  * [ceil(n_in / 32)][ceil(n_out / 16)][32][16], zeros past n_in or n_out. A panel (32 rows of w)

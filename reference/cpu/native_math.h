@@ -1,10 +1,28 @@
-/* Math shared by the native sources (reference/native_attention.c, native_batch.c). Include it
- * after their GCC optimize pragma, so that these functions inline into loops compiled under it. */
+/* Math shared by the native sources (reference/cpu/native_step.c, native_gemv.c,
+ * native_attention.c, native_batch.c). Include it after a source's GCC optimize pragma, so that
+ * these functions inline into loops compiled under it. */
 #ifndef NATIVE_MATH_H
 #define NATIVE_MATH_H
 
 #include <math.h>
 #include <string.h>
+
+/* 16 floats, one AVX-512 register (two or four without AVX-512): sums written as vectors, so that
+ * the compiler keeps them in registers (an array of floats it may leave in memory). Loads and
+ * stores through memcpy: any alignment. */
+typedef float lanes16 __attribute__((vector_size(64)));
+
+static inline lanes16 load16(const float *p)
+{
+    lanes16 v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+static inline void store16(float *p, lanes16 v)
+{
+    memcpy(p, &v, sizeof v);
+}
 
 /* e^x for x <= 0, within ~2 ulp of expf (Cephes' expf: x = n ln 2 + r, |r| <= ln 2 / 2, a degree-6
  * polynomial for e^r, then 2^n put into the exponent bits). Branch-free, so the loop over a run's

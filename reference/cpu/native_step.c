@@ -138,34 +138,118 @@ static void prefetch_positions(const float *k, const float *v, long n_kv, long m
             }
 }
 
+/* Heads of a group that `attend_heads` takes at once: their queries' vectors and running sums, and
+ * a key or value row, fit in AVX-512's 32 vector registers (without it a vector is two or four). */
+#ifdef __AVX512F__
+#define HEADS_AT_ONCE(NV) ((NV) <= 4 ? 4 : 2)
+#else
+#define HEADS_AT_ONCE(NV) 1
+#endif
+
+/* The part of attention of the query heads q + g * hd, g < heads <= HEADS_AT_ONCE(NV), which read
+ * the same K/V head (grouped-query attention), over the key positions [s0, s1) of its k, v
+ * [max_len, hd], hd = 16 NV: each key and value row read once for all the heads, their queries'
+ * vectors and outputs' in registers (a head at a time read each row again, from L2, and summed
+ * its output in memory, waiting for the store at every position). Per head g: the scores in
+ * rows[g * max_len + s], top[g], sum[g] and out[g * hd :] as `attend_positions` says. Inlined
+ * with NV a constant (`attend_positions`), so the loops over heads and vectors unroll. */
+static inline __attribute__((always_inline)) void attend_heads(const float *q, long heads,
+        const float *k, const float *v, long s0, long s1, float scale, float *rows, long max_len,
+        float *top, float *sum, float *out, int NV)
+{
+    const int AT_ONCE = HEADS_AT_ONCE(NV);   /* the loops over heads run to it, skipping those */
+    long hd = 16 * NV;                       /* past `heads`: constant bounds, so they unroll */
+    lanes16 query[4][8], acc[4][8];          /* [AT_ONCE][NV] of them used */
+    float best[4], total[4];
+    for (int g = 0; g < AT_ONCE; g++) {
+        best[g] = -INFINITY, total[g] = 0.0f;
+        for (int j = 0; j < NV; j++) {
+            query[g][j] = g < heads ? load16(q + g * hd + 16 * j) : (lanes16){0};
+            acc[g][j] = (lanes16){0};
+        }
+    }
+    for (long s = s0; s < s1; s++) {
+        lanes16 key[8];
+        for (int j = 0; j < NV; j++)
+            key[j] = load16(k + s * hd + 16 * j);
+        for (int g = 0; g < AT_ONCE; g++)
+            if (g < heads) {
+                lanes16 products = query[g][0] * key[0];
+                for (int j = 1; j < NV; j++)
+                    products += query[g][j] * key[j];
+                float score = 0.0f;
+                for (int lane = 0; lane < 16; lane++)
+                    score += products[lane];
+                rows[g * max_len + s] = score * scale;
+                best[g] = score * scale > best[g] ? score * scale : best[g];
+            }
+    }
+    for (int g = 0; g < AT_ONCE; g++)
+        if (g < heads)
+            for (long s = s0; s < s1; s++) {   /* apart from the sums below: vectorised */
+                float *row = rows + g * max_len;
+                row[s] = exp_nonpositive(row[s] - best[g]);
+                total[g] += row[s];
+            }
+    for (long s = s0; s < s1; s++) {
+        lanes16 value[8];
+        for (int j = 0; j < NV; j++)
+            value[j] = load16(v + s * hd + 16 * j);
+        for (int g = 0; g < AT_ONCE; g++)
+            if (g < heads)
+                for (int j = 0; j < NV; j++)
+                    acc[g][j] += rows[g * max_len + s] * value[j];
+    }
+    for (int g = 0; g < AT_ONCE; g++)
+        if (g < heads) {
+            for (int j = 0; j < NV; j++)
+                store16(out + g * hd + 16 * j, acc[g][j]);
+            top[g] = best[g];
+            sum[g] = total[g];
+        }
+}
+
 /* This thread's part of attention: query heads q [n_heads, hd] over key positions [s0, s1) of
  * one layer's k, v [n_kv_heads, max_len, hd] (head h reads K/V head h / group). Per head: the
  * largest score top[h], sum[h] = sum of exp(score - top[h]) and out[h] = the same weights times V,
- * unnormalised (top = -inf, sum = 0, out = 0 over no positions). scores: [n_heads, max_len]. */
+ * unnormalised (top = -inf, sum = 0, out = 0 over no positions). scores: [n_heads, max_len]. Head
+ * sizes of 16, 32, 64 or 128 go a group's heads at a time in vectors (`attend_heads`), others a
+ * head and a float at a time. */
 static void attend_positions(const long *shape, const float *q, const float *k, const float *v,
                              long s0, long s1, float *scores, float *top, float *sum, float *out)
 {
     long hd = shape[HEAD_DIM], max_len = shape[MAX_LEN], n_heads = shape[N_HEADS];
     long group = n_heads / shape[N_KV_HEADS];
     float scale = 1.0f / sqrtf((float)hd);
-    memset(out, 0, n_heads * hd * sizeof(float));
-    for (long h = 0; h < n_heads; h++) {
-        const float *qh = q + h * hd, *kh = k + (h / group) * max_len * hd;
-        const float *vh = v + (h / group) * max_len * hd;
+    for (long h = 0; h < n_heads;) {
+        const float *kh = k + (h / group) * max_len * hd, *vh = v + (h / group) * max_len * hd;
+        long heads = group - h % group;   /* the rest of h's group, as many as go at once */
+        switch (hd) {
+#define HEADS(NV) case 16 * NV:                                                                 \
+            heads = heads < HEADS_AT_ONCE(NV) ? heads : HEADS_AT_ONCE(NV);                      \
+            attend_heads(q + h * hd, heads, kh, vh, s0, s1, scale, scores + h * max_len, max_len, \
+                         top + h, sum + h, out + h * hd, NV);                                   \
+            h += heads;                                                                         \
+            continue;
+        HEADS(1) HEADS(2) HEADS(4) HEADS(8)
+#undef HEADS
+        }
         float *row = scores + h * max_len, best = -INFINITY, total = 0.0f;
         for (long s = s0; s < s1; s++) {
-            row[s] = dot(qh, kh + s * hd, hd) * scale;
+            row[s] = dot(q + h * hd, kh + s * hd, hd) * scale;
             best = row[s] > best ? row[s] : best;
         }
-        for (long s = s0; s < s1; s++) {   /* apart from the sums below, so that it is vectorised */
+        for (long s = s0; s < s1; s++) {
             row[s] = exp_nonpositive(row[s] - best);
             total += row[s];
         }
+        memset(out + h * hd, 0, hd * sizeof(float));
         for (long s = s0; s < s1; s++)
             for (long j = 0; j < hd; j++)
                 out[h * hd + j] += row[s] * vh[s * hd + j];
         top[h] = best;
         sum[h] = total;
+        h++;
     }
 }
 

@@ -21,9 +21,15 @@ from test_cpu_linear import relative_error
 pytestmark = pytest.mark.skipif(not native_gemv.available(),
                                 reason=f"native code not built here: {native_gemv.describe()}")
 
-# Sizes that are no multiple of anything the C code groups by (8 or 16 rows, 16 lanes), one K/V head.
+# Sizes that are no multiple of anything the C code groups by (8 or 32 rows, 16 lanes), one K/V head.
 ODD = ModelConfig(vocab_size=97, d_model=40, n_layers=3, n_heads=5, n_kv_heads=1, head_dim=8,
                   d_ff=72, rope_base=10000.0, max_seq_len=64)
+# Attention's vector paths on groups of more heads than it takes at once: 5 heads of 32 per K/V
+# head (4, then 1), 3 heads of 128 (2, then 1).
+GROUPS = ModelConfig(vocab_size=97, d_model=48, n_layers=2, n_heads=10, n_kv_heads=2, head_dim=32,
+                     d_ff=40, rope_base=10000.0, max_seq_len=64)
+WIDE = ModelConfig(vocab_size=97, d_model=48, n_layers=2, n_heads=3, n_kv_heads=1, head_dim=128,
+                   d_ff=40, rope_base=10000.0, max_seq_len=64)
 
 
 def random_model(cfg: ModelConfig, seed: int) -> Llama:
@@ -45,7 +51,7 @@ def native_calls(monkeypatch):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
-@pytest.mark.parametrize("cfg", [TINY, ODD], ids=["tiny", "odd"])
+@pytest.mark.parametrize("cfg", [TINY, ODD, GROUPS, WIDE], ids=["tiny", "odd", "groups", "wide"])
 def test_steps_equal_the_operators_in_float64(native_calls, threads, cfg):
     model = random_model(cfg, seed=threads)
     fast, model64 = CpuModel(model), copy.deepcopy(model).double()
@@ -66,7 +72,7 @@ def test_steps_equal_the_operators_in_float64(native_calls, threads, cfg):
 
 
 @pytest.mark.parametrize("threads", [1, 2, 3], indirect=True)
-@pytest.mark.parametrize("cfg", [TINY, ODD], ids=["tiny", "odd"])
+@pytest.mark.parametrize("cfg", [TINY, ODD, GROUPS, WIDE], ids=["tiny", "odd", "groups", "wide"])
 @pytest.mark.parametrize("rows", [2, 5, 16])
 def test_passes_over_several_positions_equal_the_operators_in_float64(native_calls, threads, cfg, rows):
     """T new positions after a prefix of 9, the pass ending exactly at max_len: the logits of every
