@@ -18,9 +18,13 @@
  * reading the weights again, from L2 (a strip or a panel is tens of KB). */
 #ifdef __AVX512F__
 #define BLOCK_ROWS 8   /* a strip's 32 sums of 8 rows: 16 of the 32 registers */
+#define EACH_ROW_COUNT(CASE) CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #else
 #define BLOCK_ROWS 2   /* AVX2's 16 registers of 8 floats: a strip's sums of 2 rows fill 8 */
+#define EACH_ROW_COUNT(CASE) CASE(1) CASE(2)
 #endif
+/* EACH_ROW_COUNT(CASE): CASE(R) for R = 1 .. BLOCK_ROWS, the row counts a product's inner loop is
+ * compiled for (a constant R unrolls the loops over rows and keeps the sums in registers). */
 
 /* The panel layout (reference/cpu/native_step.py packs it): w [n_in, n_out] as
  * [ceil(n_in / 32)][ceil(n_out / 16)][32][16], zeros past n_in or n_out. A panel (32 rows of w)
@@ -73,12 +77,9 @@ static void panel_rows(const float *x, long ldx, long rows, const float *panel, 
         const float *block = panel + c * PANEL_ROWS * PANEL_COLS;
         float *out = y + c * PANEL_COLS;
         switch (rows) {
-#define ROWS(R) case R: panel_block(x, ldx, block, n, out, ldy, R); break;
-        ROWS(1) ROWS(2)
-#if BLOCK_ROWS > 2
-        ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-#endif
-#undef ROWS
+#define PANEL_CASE(R) case R: panel_block(x, ldx, block, n, out, ldy, R); break;
+        EACH_ROW_COUNT(PANEL_CASE)
+#undef PANEL_CASE
         }
     }
 }
@@ -139,12 +140,9 @@ static void strip_block(const float *x, long ldx, const float *strip, long n, fl
                         long rows)
 {
     switch (rows) {
-#define ROWS(R) case R: strip_rows(x, ldx, strip, n, sums, R); break;
-    ROWS(1) ROWS(2)
-#if BLOCK_ROWS > 2
-    ROWS(3) ROWS(4) ROWS(5) ROWS(6) ROWS(7) ROWS(8)
-#endif
-#undef ROWS
+#define STRIP_CASE(R) case R: strip_rows(x, ldx, strip, n, sums, R); break;
+    EACH_ROW_COUNT(STRIP_CASE)
+#undef STRIP_CASE
     }
 }
 
